@@ -1,0 +1,133 @@
+"""Float64 NumPy reference of masked multi-head scaled dot-product attention.
+
+This is the oracle the C core is tested against (and what ``python -m attnx``
+checks its demo with). It is written for clarity, not speed: it builds the
+full (B, H, Lq, Lk) score matrix in float64.
+
+Semantics (shared with the C core):
+
+* ``scores = (q @ k^T) * scale + float_mask``; a key is *allowed* for a query
+  when the bool mask is True, the causal rule admits it and it lies inside
+  ``key_lengths``.
+* ``m`` is the row maximum of the allowed scores; when ``m`` is ``-inf`` it
+  is replaced by 0 before subtracting (so a row whose allowed scores are all
+  ``-inf`` sums to zero and gives zeros, never NaN); NaN propagates.
+* a row with no allowed key, or with all allowed scores ``-inf``, gives zeros
+  in the output and in the weights; query rows past ``query_lengths`` too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["reference", "reference_attention"]
+
+
+def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
+                        key_lengths=None, query_lengths=None):
+    """Float64 attention on already-normalised 4-D arrays.
+
+    q: (B, Hq, Lq, E), k: (B, Hk, Lk, E), v: (B, Hk, Lk, Ev), Hq % Hk == 0.
+    attn_mask: None, bool (True = attend) or float (added to the scores),
+    broadcastable to (B, Hq, Lq, Lk).
+    is_causal: False, True / "upper_left" (key j allowed when j <= i) or
+    "lower_right" (j <= i + Lk - Lq).
+    key_lengths, query_lengths: None or ints broadcastable to (B, Hq).
+
+    Returns (out (B, Hq, Lq, Ev), weights (B, Hq, Lq, Lk)), both float64.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    B, Hq, Lq, E = q.shape
+    Hk, Lk = k.shape[1], k.shape[2]
+    group = Hq // Hk
+    k = np.repeat(k, group, axis=1)
+    v = np.repeat(v, group, axis=1)
+    if scale is None:
+        scale = 1.0 / np.sqrt(E) if E > 0 else 1.0
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    allowed = np.ones((B, Hq, Lq, Lk), dtype=bool)
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        if attn_mask.dtype == np.bool_:
+            allowed &= attn_mask
+        else:
+            scores = scores + attn_mask.astype(np.float64)
+    if is_causal:
+        offset = Lk - Lq if is_causal == "lower_right" else 0
+        i = np.arange(Lq)[:, None]
+        j = np.arange(Lk)[None, :]
+        allowed &= j <= i + offset
+    if key_lengths is not None:
+        kl = np.broadcast_to(np.asarray(key_lengths), (B, Hq))
+        allowed &= np.arange(Lk)[None, None, None, :] < kl[:, :, None, None]
+    row_ok = np.ones((B, Hq, Lq, 1), dtype=bool)
+    if query_lengths is not None:
+        ql = np.broadcast_to(np.asarray(query_lengths), (B, Hq))
+        row_ok = np.arange(Lq)[None, None, :, None] < ql[:, :, None, None]
+
+    scores = np.where(allowed, scores, -np.inf)
+    if Lk > 0:
+        m = np.max(scores, axis=-1, keepdims=True)
+    else:
+        m = np.zeros((B, Hq, Lq, 1))
+    m = np.where(m == -np.inf, 0.0, m)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp(scores - m)
+        p = np.where(allowed, p, 0.0)
+        s = np.sum(p, axis=-1, keepdims=True)
+        w = np.where(s == 0, 0.0, p / np.where(s == 0, 1.0, s))
+        w = np.where(row_ok, w, 0.0)
+        # masked keys contribute nothing, whatever their values hold
+        out = _weighted_sum(w, allowed & row_ok, v)
+    return out, w
+
+
+def _weighted_sum(w, allowed, v):
+    """out[..., i, :] = sum over allowed j of w[..., i, j] * v[..., j, :].
+
+    Keys that are not allowed are left out of the sum entirely, so an inf or
+    NaN in a masked value cannot leak into the output (0 * inf would be NaN).
+    """
+    finite_v = np.isfinite(v).all()
+    if finite_v:
+        return np.matmul(w, v)
+    B, H, Lq, Lk = w.shape
+    out = np.zeros((B, H, Lq, v.shape[-1]))
+    for b in range(B):
+        for h in range(H):
+            for i in range(Lq):
+                sel = allowed[b, h, i]
+                out[b, h, i] = w[b, h, i, sel] @ v[b, h, sel]
+    return out
+
+
+def reference(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+              scale=None, enable_gqa=False, *, layout="bhld", key_lengths=None,
+              query_lengths=None, need_weights=False):
+    """``scaled_dot_product_attention`` computed in float64 with plain NumPy.
+
+    Same arguments, shapes and checks as :func:`attnx.scaled_dot_product_attention`;
+    returns float64 arrays. Slow and memory-hungry (it builds every score):
+    meant as a test oracle.
+
+    >>> import numpy as np, attnx
+    >>> q = np.eye(3, dtype=np.float32)
+    >>> attnx.reference(q, q, q).dtype
+    dtype('float64')
+    """
+    from ._functional import _allocate, _finish, _prepare
+
+    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 layout, key_lengths, query_lengths, np.float64)
+    out, out4, weights, w4 = _allocate(p, need_weights, np.float64)
+    causal = {0: False, 1: True, 2: "lower_right"}[p.causal]
+    o, w = reference_attention(p.q, p.k, p.v, p.mask, causal, p.scale,
+                               p.key_lengths, p.query_lengths)
+    out4[...] = o
+    if need_weights:
+        w4[...] = w
+    return _finish(p, out, weights, need_weights)

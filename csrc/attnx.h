@@ -1,0 +1,94 @@
+/* attnx: masked multi-head scaled dot-product attention on float32 arrays.
+ *
+ *   out = softmax(scale * Q Kᵀ + mask) V
+ *
+ * The C core knows nothing of Python: one problem struct of pointers and
+ * element strides goes in, an error code comes out. A caller (module.c, or a
+ * plain C test) fills the struct and calls attnx_forward().
+ *
+ * Shapes, in elements; every array's last axis is contiguous (stride 1):
+ *   q       (B, Hq, Lq, D)
+ *   k       (B, Hk, Lk, D)      Hq a multiple of Hk (grouped-query attention)
+ *   v       (B, Hk, Lk, Dv)
+ *   out     (B, Hq, Lq, Dv)
+ *   weights (B, Hq, Lq, Lk)     optional, C-contiguous
+ *   mask    (B, Hq, Lq, Lk)     optional, any strides (0 = broadcast), bool or float
+ *   key_lengths, query_lengths  (B, Hq) int64, optional, any strides
+ */
+#ifndef ATTNX_H
+#define ATTNX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    ATTNX_OK = 0,
+    ATTNX_ERR_NULL,      /* a required pointer is NULL */
+    ATTNX_ERR_SHAPE,     /* a negative size, or Hq not a multiple of Hk */
+    ATTNX_ERR_ARG,       /* an enum out of range, or a scale that is not finite */
+    ATTNX_ERR_LENGTH,    /* a key or query length outside [0, L] */
+    ATTNX_ERR_OVERFLOW,  /* a size whose byte count does not fit in size_t */
+    ATTNX_ERR_NOMEM,     /* scratch memory could not be allocated */
+    ATTNX_ERR_ISA        /* the requested instruction set is not available */
+} attnx_status;
+
+typedef enum { ATTNX_MASK_NONE = 0, ATTNX_MASK_BOOL, ATTNX_MASK_FLOAT } attnx_mask_kind;
+
+typedef enum {
+    ATTNX_CAUSAL_NONE = 0,
+    ATTNX_CAUSAL_UPPER_LEFT,  /* query i sees keys j <= i (PyTorch's is_causal) */
+    ATTNX_CAUSAL_LOWER_RIGHT  /* query i sees keys j <= i + Lk - Lq (decoding) */
+} attnx_causal;
+
+/* A read-only 4-D float32 operand: element strides of its first three axes. */
+typedef struct {
+    const float *data;
+    int64_t sb, sh, sl;
+} attnx_tensor;
+
+typedef struct {
+    int64_t B, Hq, Hk, Lq, Lk, D, Dv;
+    attnx_tensor q, k, v;
+
+    float *out;                      /* (B, Hq, Lq, Dv) */
+    int64_t out_sb, out_sh, out_sl;
+
+    float *weights;                  /* (B, Hq, Lq, Lk) C-contiguous, or NULL */
+
+    int mask_kind;                   /* attnx_mask_kind; bool masks are 1 byte, nonzero = attend */
+    const void *mask;
+    int64_t mask_sb, mask_sh, mask_sq, mask_sk;
+
+    int causal;                      /* attnx_causal */
+    const int64_t *key_lengths;      /* (B, Hq) or NULL */
+    int64_t kl_sb, kl_sh;
+    const int64_t *query_lengths;    /* (B, Hq) or NULL */
+    int64_t ql_sb, ql_sh;
+
+    float scale;
+    int num_threads;                 /* <= 0: attnx_get_num_threads() */
+} attnx_problem;
+
+/* Forward attention. Never reads outside the arrays described; writes only
+ * out and weights. Returns ATTNX_OK or an error code (nothing written then). */
+attnx_status attnx_forward(const attnx_problem *p);
+
+const char *attnx_strerror(attnx_status status);
+
+/* Instruction sets: chosen once from cpuid, overridable by the environment
+ * variable ATTNX_ISA=scalar|avx2|avx512 or attnx_set_isa(). */
+const char *attnx_isa_name(void);                  /* the one in use */
+int attnx_isa_available(const char *name);         /* 1 if compiled in and supported by the CPU */
+attnx_status attnx_set_isa(const char *name);
+
+int attnx_get_num_threads(void);
+void attnx_set_num_threads(int n);                 /* n <= 0: the default */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

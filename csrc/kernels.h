@@ -1,0 +1,101 @@
+/* Internal: the tile kernels that attention.c drives, and their dispatch table.
+ *
+ * The driver works on one tile of BQ queries against BK keys at a time:
+ *
+ *   qt  (D, ldq)    packed, pre-scaled queries: qt[d*ldq + i] = scale * q[i][d]
+ *   st  (nk, ldq)   scores of the tile, transposed: st[j*ldq + i] = q[i]·k[j]
+ *                   (then probabilities, in place)
+ *   acc (nq, ldacc) running, unnormalised output rows
+ *   m, l, alpha (ldq)  per query: running max, running sum, rescale factor
+ *
+ * Scores are kept transposed (one query per SIMD lane) so that the row-wise
+ * softmax statistics are vertical vector operations with no horizontal
+ * reductions. ldq is a multiple of every ISA's vector width; columns past nq
+ * hold finite padding and are never read back into results.
+ */
+#ifndef ATTNX_KERNELS_H
+#define ATTNX_KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ATTNX_BQ 64    /* queries per tile (ldq); a multiple of every vector width */
+#define ATTNX_BK 128   /* keys per tile */
+
+typedef struct attnx_kernels {
+    const char *name;
+
+    /* st[j*ldq + i] = sum_d k[j*k_sl + d] * qt[d*ldq + i]
+     * qt: (D, ldq)  k: (nk, D) rows k_sl apart  st: (nk, ldq); i < nq (rounded up to a vector) */
+    void (*qk)(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl,
+               int nk, int64_t D, float *st);
+
+    /* Online softmax over one tile of keys, per query i < nq:
+     *   m_new = max(m[i], max_j st[j][i])   (NaN ignored here; it propagates through exp)
+     *   alpha[i] = exp(m[i] - m_new'), st[j][i] = exp(st[j][i] - m_new'),
+     *   l[i] = l[i]*alpha[i] + sum_j st[j][i],  m[i] = m_new
+     * where m_new' = 0 when m_new is -inf (a row with nothing allowed yet sums to 0).
+     * st: (nk, ldq)  m, l, alpha: (ldq) */
+    void (*softmax_online)(float *st, int64_t ldq, int nq, int nk, float *m, float *l,
+                           float *alpha);
+
+    /* Final probabilities once m and l are known (need_weights):
+     *   st[j][i] = exp(st[j][i] - m'[i]) * inv_l[i]   st: (nk, ldq)  m, inv_l: (ldq) */
+    void (*softmax_final)(float *st, int64_t ldq, int nq, int nk, const float *m,
+                          const float *inv_l);
+
+    /* acc[i][:] = alpha[i] * acc[i][:] + sum_j pt[j*ldq + i] * v[j*v_sl + :]
+     * (alpha NULL: no rescale)  pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc) */
+    void (*pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,
+               int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
+} attnx_kernels;
+
+extern const attnx_kernels attnx_kernels_scalar;
+#if defined(__x86_64__) || defined(_M_X64)
+#define ATTNX_HAVE_X86 1
+extern const attnx_kernels attnx_kernels_avx2;
+extern const attnx_kernels attnx_kernels_avx512;
+#endif
+
+/* The kernel table in use (dispatch.c). */
+const attnx_kernels *attnx_active_kernels(void);
+
+/* exp(x) for float, the polynomial every kernel uses (Cephes' expf: a degree-6
+ * polynomial on [-ln2/2, ln2/2] after range reduction by ln2; within 2 ulp on
+ * [-87.3, 88]; larger x is clamped to 88). exp(-inf) and anything below -87.33 give exactly 0; NaN
+ * gives NaN. The SIMD versions in kernels_simd.h follow the same steps. */
+#define ATTNX_EXP_LO (-87.3365478515625f)
+#define ATTNX_EXP_HI 88.0f
+#define ATTNX_LOG2E 1.44269504088896341f
+#define ATTNX_LN2_HI 0.693359375f
+#define ATTNX_LN2_LO (-2.12194440e-4f)
+#define ATTNX_EXP_P0 1.9875691500e-4f
+#define ATTNX_EXP_P1 1.3981999507e-3f
+#define ATTNX_EXP_P2 8.3334519073e-3f
+#define ATTNX_EXP_P3 4.1665795894e-2f
+#define ATTNX_EXP_P4 1.6666665459e-1f
+#define ATTNX_EXP_P5 5.0000001201e-1f
+
+static inline float attnx_expf(float x)
+{
+    if (x != x) return x;
+    if (x < ATTNX_EXP_LO) return 0.0f;
+    if (x > ATTNX_EXP_HI) x = ATTNX_EXP_HI;
+    float n = rintf(x * ATTNX_LOG2E);
+    float r = x - n * ATTNX_LN2_HI;
+    r = r - n * ATTNX_LN2_LO;
+    float y = ATTNX_EXP_P0;
+    y = y * r + ATTNX_EXP_P1;
+    y = y * r + ATTNX_EXP_P2;
+    y = y * r + ATTNX_EXP_P3;
+    y = y * r + ATTNX_EXP_P4;
+    y = y * r + ATTNX_EXP_P5;
+    y = y * (r * r) + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return y * two_n;
+}
+
+#endif

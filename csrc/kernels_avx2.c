@@ -1,0 +1,65 @@
+/* AVX2 + FMA kernels: 8 floats a vector, 16 registers.
+ * The instruction set is enabled for this file alone (target pragma), so the
+ * rest of the extension runs on any x86-64; dispatch.c calls these only when
+ * cpuid reports AVX2 and FMA. */
+#include "kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC target("avx2,fma")
+#endif
+#include <immintrin.h>
+
+#define W 8
+#define VF __m256
+#define VMASK __m256i
+#define SUFFIX(name) name##_avx2
+#define SUFFIX_NAME "avx2"
+#define QK_MR 6   /* 6 keys x 2 vectors: 12 accumulators */
+#define QK_NV 2
+#define PV_MR 4   /* 4 queries x 3 vectors: 12 accumulators */
+#define PV_NV 3
+
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, x) _mm256_storeu_ps(p, x)
+#define V_SET1(f) _mm256_set1_ps(f)
+#define V_BCAST(p) _mm256_broadcast_ss(p)
+#define V_ZERO() _mm256_setzero_ps()
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define V_MUL(a, b) _mm256_mul_ps(a, b)
+#define V_ADD(a, b) _mm256_add_ps(a, b)
+#define V_SUB(a, b) _mm256_sub_ps(a, b)
+#define V_MAX(x, m) _mm256_max_ps(x, m) /* (x > m) ? x : m: a NaN x leaves m */
+#define V_MIN(a, b) _mm256_min_ps(a, b)
+#define V_SEL_EQ(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_EQ_OQ))
+#define V_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define V_POW2(n) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define V_ZERO_BELOW(y, x, lo) _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_NLT_UQ))
+
+static inline __m256i mask_first_avx2(int n)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
+}
+#define V_MASK(n) mask_first_avx2(n)
+#define V_LOAD_M(p, mk) _mm256_maskload_ps(p, mk)
+#define V_STORE_M(p, mk, x) _mm256_maskstore_ps(p, mk, x)
+
+#define QK_CASES                                                                   \
+    QK_CASE(1, 1) QK_CASE(1, 2) QK_CASE(2, 1) QK_CASE(2, 2) QK_CASE(3, 1) QK_CASE(3, 2) \
+    QK_CASE(4, 1) QK_CASE(4, 2) QK_CASE(5, 1) QK_CASE(5, 2) QK_CASE(6, 1) QK_CASE(6, 2)
+#define PV_CASES                                                                   \
+    PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) \
+    PV_CASE(3, 1) PV_CASE(3, 2) PV_CASE(3, 3) PV_CASE(4, 1) PV_CASE(4, 2) PV_CASE(4, 3)
+
+#include "kernels_simd.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+
+#endif

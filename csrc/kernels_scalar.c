@@ -1,0 +1,74 @@
+/* Portable reference kernels: plain loops, the oracle every SIMD variant is
+ * tested against (ATTNX_ISA=scalar forces them). Layouts: see kernels.h. */
+#include "kernels.h"
+
+// qt: (D, ldq)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
+static void qk_scalar(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl,
+                      int nk, int64_t D, float *st)
+{
+    for (int j = 0; j < nk; j++) {
+        const float *kj = k + j * k_sl;
+        float *sj = st + j * ldq;
+        for (int i = 0; i < nq; i++) sj[i] = 0.0f;
+        for (int64_t d = 0; d < D; d++) {
+            const float kd = kj[d];
+            const float *qd = qt + d * ldq;
+            for (int i = 0; i < nq; i++) sj[i] += kd * qd[i];
+        }
+    }
+}
+
+// st: (nk, ldq)  m, l, alpha: (ldq)
+static void softmax_online_scalar(float *st, int64_t ldq, int nq, int nk, float *m, float *l,
+                                  float *alpha)
+{
+    for (int i = 0; i < nq; i++) {
+        float mx = m[i];
+        for (int j = 0; j < nk; j++) {
+            const float s = st[j * ldq + i];
+            mx = s > mx ? s : mx;        /* a NaN score never becomes the max */
+        }
+        const float msub = mx == -INFINITY ? 0.0f : mx;
+        const float a = attnx_expf(m[i] - msub);
+        float sum = 0.0f;
+        for (int j = 0; j < nk; j++) {
+            const float p = attnx_expf(st[j * ldq + i] - msub);
+            st[j * ldq + i] = p;
+            sum += p;
+        }
+        l[i] = l[i] * a + sum;
+        m[i] = mx;
+        alpha[i] = a;
+    }
+}
+
+// st: (nk, ldq)  m, inv_l: (ldq)
+static void softmax_final_scalar(float *st, int64_t ldq, int nq, int nk, const float *m,
+                                 const float *inv_l)
+{
+    for (int i = 0; i < nq; i++) {
+        const float msub = m[i] == -INFINITY ? 0.0f : m[i];
+        for (int j = 0; j < nk; j++)
+            st[j * ldq + i] = attnx_expf(st[j * ldq + i] - msub) * inv_l[i];
+    }
+}
+
+// pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
+static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl,
+                      int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    for (int i = 0; i < nq; i++) {
+        float *ai = acc + i * ldacc;
+        if (alpha)
+            for (int64_t d = 0; d < Dv; d++) ai[d] *= alpha[i];
+        for (int j = 0; j < nk; j++) {
+            const float p = pt[j * ldq + i];
+            const float *vj = v + j * v_sl;
+            for (int64_t d = 0; d < Dv; d++) ai[d] += p * vj[d];
+        }
+    }
+}
+
+const attnx_kernels attnx_kernels_scalar = {
+    "scalar", qk_scalar, softmax_online_scalar, softmax_final_scalar, pv_scalar,
+};

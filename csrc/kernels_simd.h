@@ -1,0 +1,193 @@
+/* SIMD tile kernels, written once against a small set of vector operations.
+ *
+ * kernels_avx2.c and kernels_avx512.c each define the operations below for
+ * their instruction set (W lanes of float) and then include this file, so
+ * both variants share one body of code and differ only in vector width and
+ * register blocking. Layouts and contracts: see kernels.h; the plain-loop
+ * twins in kernels_scalar.c are the reference.
+ *
+ * Required from the includer:
+ *   W, VF, VMASK, SUFFIX(name), QK_MR, QK_NV, PV_MR, PV_NV
+ *   V_LOAD(p) V_STORE(p,x) V_SET1(f) V_BCAST(p) V_ZERO()
+ *   V_FMA(a,b,c) = a*b+c, V_MUL, V_ADD, V_SUB
+ *   V_MAX(x, m)  max that returns m when x is NaN
+ *   V_MASK(n) V_LOAD_M(p,mk) V_STORE_M(p,mk,x)   first n lanes
+ *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f
+ *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
+ *   V_ZERO_BELOW(y, x, lo)  y where !(x < lo) (NaN kept), else 0
+ */
+
+#define ATTNX_INLINE static inline __attribute__((always_inline))
+
+/* exp(x), the steps of attnx_expf() in kernels.h, W lanes at a time. */
+ATTNX_INLINE VF v_exp(VF x)
+{
+    VF xc = V_MAX(V_SET1(ATTNX_EXP_LO), x);            /* NaN passes through */
+    xc = V_MIN(V_SET1(ATTNX_EXP_HI), xc);
+    const VF n = V_ROUND(V_MUL(xc, V_SET1(ATTNX_LOG2E)));
+    VF r = V_FMA(n, V_SET1(-ATTNX_LN2_HI), xc);
+    r = V_FMA(n, V_SET1(-ATTNX_LN2_LO), r);
+    VF y = V_SET1(ATTNX_EXP_P0);
+    y = V_FMA(y, r, V_SET1(ATTNX_EXP_P1));
+    y = V_FMA(y, r, V_SET1(ATTNX_EXP_P2));
+    y = V_FMA(y, r, V_SET1(ATTNX_EXP_P3));
+    y = V_FMA(y, r, V_SET1(ATTNX_EXP_P4));
+    y = V_FMA(y, r, V_SET1(ATTNX_EXP_P5));
+    y = V_FMA(y, V_MUL(r, r), V_ADD(r, V_SET1(1.0f)));
+    y = V_MUL(y, V_POW2(n));
+    return V_ZERO_BELOW(y, x, ATTNX_EXP_LO);           /* exp(-inf) = 0 exactly */
+}
+
+/* ---- scores: st = K · Qt --------------------------------------------------
+ * Register block: MR keys × NV vectors of queries, accumulated over d with a
+ * broadcast of k[j][d] against a vector of packed queries qt[d][i..i+W). */
+ATTNX_INLINE void qk_block(const int MR, const int NV, const float *qt, int64_t ldq,
+                           const float *k, int64_t k_sl, int64_t D, float *st)
+{
+    VF acc[QK_MR][QK_NV];
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < NV; c++) acc[r][c] = V_ZERO();
+    for (int64_t d = 0; d < D; d++) {
+        VF qv[QK_NV];
+        for (int c = 0; c < NV; c++) qv[c] = V_LOAD(qt + d * ldq + c * W);
+        for (int r = 0; r < MR; r++) {
+            const VF kb = V_BCAST(k + r * k_sl + d);
+            for (int c = 0; c < NV; c++) acc[r][c] = V_FMA(kb, qv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < NV; c++) V_STORE(st + r * ldq + c * W, acc[r][c]);
+}
+
+#define QK_CASE(mr, nv) \
+    case (mr) * 8 + (nv): qk_block(mr, nv, qt + i, ldq, kj, k_sl, D, st + j * ldq + i); break;
+
+// qt: (D, ldq)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
+static void SUFFIX(qk)(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl,
+                       int nk, int64_t D, float *st)
+{
+    const int nvec = (nq + W - 1) / W;
+    for (int j = 0; j < nk; j += QK_MR) {
+        const int mr = nk - j < QK_MR ? nk - j : QK_MR;
+        const float *kj = k + j * k_sl;
+        for (int c0 = 0; c0 < nvec; c0 += QK_NV) {
+            const int nv = nvec - c0 < QK_NV ? nvec - c0 : QK_NV;
+            const int i = c0 * W;
+            switch (mr * 8 + nv) {
+                QK_CASES
+            }
+        }
+    }
+}
+
+/* ---- online softmax, one query per lane ----------------------------------- */
+// st: (nk, ldq)  m, l, alpha: (ldq)
+static void SUFFIX(softmax_online)(float *st, int64_t ldq, int nq, int nk, float *m,
+                                   float *l, float *alpha)
+{
+    const VF ninf = V_SET1(-INFINITY);
+    for (int i = 0; i < nq; i += W) {
+        const VF m_old = V_LOAD(m + i);
+        VF mx = m_old;
+        for (int j = 0; j < nk; j++) mx = V_MAX(V_LOAD(st + j * ldq + i), mx);
+        const VF msub = V_SEL_EQ(mx, ninf, V_ZERO(), mx);
+        const VF a = v_exp(V_SUB(m_old, msub));
+        VF sum0 = V_ZERO(), sum1 = V_ZERO();
+        int j = 0;
+        for (; j + 1 < nk; j += 2) {
+            const VF p0 = v_exp(V_SUB(V_LOAD(st + j * ldq + i), msub));
+            const VF p1 = v_exp(V_SUB(V_LOAD(st + (j + 1) * ldq + i), msub));
+            V_STORE(st + j * ldq + i, p0);
+            V_STORE(st + (j + 1) * ldq + i, p1);
+            sum0 = V_ADD(sum0, p0);
+            sum1 = V_ADD(sum1, p1);
+        }
+        if (j < nk) {
+            const VF p0 = v_exp(V_SUB(V_LOAD(st + j * ldq + i), msub));
+            V_STORE(st + j * ldq + i, p0);
+            sum0 = V_ADD(sum0, p0);
+        }
+        V_STORE(l + i, V_FMA(V_LOAD(l + i), a, V_ADD(sum0, sum1)));
+        V_STORE(m + i, mx);
+        V_STORE(alpha + i, a);
+    }
+}
+
+// st: (nk, ldq)  m, inv_l: (ldq)
+static void SUFFIX(softmax_final)(float *st, int64_t ldq, int nq, int nk, const float *m,
+                                  const float *inv_l)
+{
+    for (int i = 0; i < nq; i += W) {
+        const VF mi = V_LOAD(m + i);
+        const VF msub = V_SEL_EQ(mi, V_SET1(-INFINITY), V_ZERO(), mi);
+        const VF il = V_LOAD(inv_l + i);
+        for (int j = 0; j < nk; j++)
+            V_STORE(st + j * ldq + i, V_MUL(v_exp(V_SUB(V_LOAD(st + j * ldq + i), msub)), il));
+    }
+}
+
+/* ---- output: acc = alpha * acc + Pᵀ · V -----------------------------------
+ * Register block: MR queries × NV vectors of Dv; each step broadcasts
+ * p[j][i] and multiplies a vector of the value row v[j]. The last vector of a
+ * row may be partial (TAIL lanes, masked loads and stores). */
+ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const float *pt,
+                           int64_t ldq, const float *v, int64_t v_sl, int nk,
+                           const float *alpha, float *acc, int64_t ldacc)
+{
+    const VMASK mk = V_MASK(tail ? tail : W);
+    VF a[PV_MR][PV_NV];
+    for (int r = 0; r < MR; r++) {
+        const VF s = alpha ? V_SET1(alpha[r]) : V_SET1(1.0f);
+        for (int c = 0; c < NV; c++) {
+            const VF x = (tail && c == NV - 1) ? V_LOAD_M(acc + r * ldacc + c * W, mk)
+                                               : V_LOAD(acc + r * ldacc + c * W);
+            a[r][c] = alpha ? V_MUL(x, s) : x;
+        }
+    }
+    for (int j = 0; j < nk; j++) {
+        VF vv[PV_NV];
+        for (int c = 0; c < NV; c++)
+            vv[c] = (tail && c == NV - 1) ? V_LOAD_M(v + j * v_sl + c * W, mk)
+                                          : V_LOAD(v + j * v_sl + c * W);
+        for (int r = 0; r < MR; r++) {
+            const VF p = V_BCAST(pt + j * ldq + r);
+            for (int c = 0; c < NV; c++) a[r][c] = V_FMA(p, vv[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < NV; c++) {
+            if (tail && c == NV - 1) V_STORE_M(acc + r * ldacc + c * W, mk, a[r][c]);
+            else V_STORE(acc + r * ldacc + c * W, a[r][c]);
+        }
+}
+
+#define PV_CASE(mr, nv)                                                                   \
+    case (mr) * 8 + (nv):                                                                 \
+        if (tail) pv_block(mr, nv, tail, pt + i, ldq, v + d0, v_sl, nk, al, ai + d0, ldacc); \
+        else pv_block(mr, nv, 0, pt + i, ldq, v + d0, v_sl, nk, al, ai + d0, ldacc);       \
+        break;
+
+// pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
+static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl,
+                       int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    const int64_t nvec = (Dv + W - 1) / W;
+    for (int i = 0; i < nq; i += PV_MR) {
+        const int mr = nq - i < PV_MR ? nq - i : PV_MR;
+        const float *al = alpha ? alpha + i : NULL;
+        float *ai = acc + i * ldacc;
+        for (int64_t c0 = 0; c0 < nvec; c0 += PV_NV) {
+            const int nv = nvec - c0 < PV_NV ? (int)(nvec - c0) : PV_NV;
+            const int64_t d0 = c0 * W;
+            const int last = c0 + nv == nvec;
+            const int tail = last ? (int)(Dv - (nvec - 1) * W) % W : 0;
+            switch (mr * 8 + nv) {
+                PV_CASES
+            }
+        }
+    }
+}
+
+const attnx_kernels SUFFIX(attnx_kernels) = {
+    SUFFIX_NAME, SUFFIX(qk), SUFFIX(softmax_online), SUFFIX(softmax_final), SUFFIX(pv),
+};

@@ -1,0 +1,42 @@
+"""Build the C extension attnx._attnx from csrc/.
+
+Every SIMD variant is compiled into the same extension side by side: each
+kernels_<isa>.c enables its instruction set for itself with a target pragma,
+so no global flag (never -march=native) ties the build to this CPU. The
+kernels are chosen at run time (csrc/dispatch.c).
+"""
+
+import os
+import sys
+
+import numpy as np
+from setuptools import Extension, setup
+
+sources = sorted(
+    os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith(".c")
+)
+
+extra_compile_args = []
+extra_link_args = []
+libraries = []
+define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_23_API_VERSION")]
+if sys.platform != "win32":
+    extra_compile_args += ["-std=c11", "-O3", "-fno-math-errno", "-Wall", "-Wextra",
+                           "-Wno-unused-parameter", "-fvisibility=hidden"]
+    extra_compile_args += os.environ.get("ATTNX_EXTRA_CFLAGS", "").split()
+    extra_link_args += os.environ.get("ATTNX_EXTRA_LDFLAGS", "").split()
+    libraries += ["pthread", "m"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "attnx._attnx",
+            sources=sources,
+            include_dirs=[np.get_include(), "csrc"],
+            define_macros=define_macros,
+            extra_compile_args=extra_compile_args,
+            extra_link_args=extra_link_args,
+            libraries=libraries,
+        )
+    ]
+)
