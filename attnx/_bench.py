@@ -1,0 +1,238 @@
+"""``python -m attnx bench``: attnx against PyTorch and the seeds' NumPy code.
+
+Every row times its contestants in one process, interleaved (a, b, c, a, b,
+c, ...), and reports medians, so a noisy shared machine slows them alike and
+the ratios stay meaningful. All contestants get the same thread count.
+Attention forward is counted as 4·B·H·Lq·Lk·D FLOP (half of it for causal,
+whose tiles above the diagonal are skipped; GFLOP/s of causal rows still use
+the full count, so a causal row's speed-up is visible as a higher number).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def add_arguments(p):
+    p.add_argument("--quick", action="store_true", help="fewer cases and repeats (about a minute)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
+    p.add_argument("--threads", type=int, default=0, help="threads for every contestant (default: attnx's)")
+    p.add_argument("--repeats", type=int, default=0, help="timed runs per contestant (default 7, quick 3)")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def seed_numpy_attention(Q, K, V, mask=None):
+    """Seed 004's NumPy snippet, as published (mask: 0 = blocked)."""
+    d_k = Q.shape[-1]
+    scores = Q @ K.transpose(0, 2, 1) / np.sqrt(d_k)
+    if mask is not None:
+        scores = np.where(mask == 0, -1e9, scores)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights = e / e.sum(axis=-1, keepdims=True)
+    return weights @ V, weights
+
+
+def _time(fns, repeats):
+    """Median seconds of each callable, interleaved, after one warm-up each."""
+    for f in fns:
+        f()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for t, f in zip(times, fns):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+    return [float(np.median(t)) for t in times]
+
+
+def _inputs(B, Hq, Hk, Lq, Lk, D, layout="bhld", seed=0):
+    rng = np.random.default_rng(seed)
+    if layout == "blhd":
+        shapes = [(B, Lq, Hq, D), (B, Lk, Hk, D), (B, Lk, Hk, D)]
+    else:
+        shapes = [(B, Hq, Lq, D), (B, Hk, Lk, D), (B, Hk, Lk, D)]
+    return [rng.standard_normal(s, dtype=np.float32) for s in shapes]
+
+
+class _Bench:
+    def __init__(self, args):
+        import attnx
+
+        self.attnx = attnx
+        self.quick = args.quick
+        self.json = args.json
+        self.repeats = args.repeats or (3 if args.quick else 7)
+        self.threads = args.threads or attnx.get_num_threads()
+        try:
+            import torch
+            import torch.nn.functional as F
+        except ImportError:
+            torch = F = None
+        self.torch, self.F = torch, F
+
+    def emit(self, row):
+        if self.json:
+            print(json.dumps(row), flush=True)
+            return
+        fmt = f"{row['case']:<44} {row.get('attnx_gflops', float('nan')):8.1f}"
+        for key in ("torch_gflops", "numpy_gflops"):
+            v = row.get(key)
+            fmt += f" {v:8.1f}" if v is not None else f" {'-':>8}"
+        for key in ("vs_torch", "vs_numpy"):
+            v = row.get(key)
+            fmt += f" {v:8.2f}x" if v is not None else f" {'-':>9}"
+        if row.get("note"):
+            fmt += "  " + row["note"]
+        print(fmt, flush=True)
+
+    def header(self):
+        if self.json:
+            return
+        print(f"attnx {self.attnx.__version__}, ISA {self.attnx.isa()}, {self.threads} thread(s), "
+              f"CPU: {cpu_name()}, numpy {np.__version__}"
+              + (f", torch {self.torch.__version__}" if self.torch else ", torch not installed"))
+        print(f"GFLOP/s = 4·B·H·Lq·Lk·D / median time of {self.repeats} interleaved runs")
+        print(f"{'case':<44} {'attnx':>8} {'torch':>8} {'numpy':>8} {'vs torch':>9} {'vs numpy':>9}")
+
+    def case(self, name, B, Hq, Hk, Lq, Lk, D, *, causal=False, mask=None, layout="bhld",
+             need_weights=False, numpy=False, threads=None):
+        attnx, torch, F = self.attnx, self.torch, self.F
+        nt = threads or self.threads
+        attnx.set_num_threads(nt)
+        if torch:
+            torch.set_num_threads(nt)
+        q, k, v = _inputs(B, Hq, Hk, Lq, Lk, D, layout)
+        gqa = Hq != Hk
+        fns = [lambda: attnx.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=layout,
+            need_weights=need_weights)]
+        names = ["attnx"]
+        if torch and not need_weights:
+            tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+            if layout == "blhd":   # torch wants (B, H, L, D): a transposed view, as its users pass it
+                tq, tk, tv = (x.transpose(1, 2) for x in (tq, tk, tv))
+            tm = torch.from_numpy(mask) if mask is not None else None
+            tc = bool(causal) and mask is None
+            kw = {"enable_gqa": True} if gqa else {}
+            if causal and mask is not None:
+                tm = tm & torch.ones(Lq, Lk, dtype=torch.bool).tril()
+            fns.append(lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm, is_causal=tc, **kw))
+            names.append("torch")
+        if numpy:
+            q3, k3, v3 = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
+            fns.append(lambda: seed_numpy_attention(q3, k3, v3))
+            names.append("numpy")
+        times = dict(zip(names, _time(fns, self.repeats)))
+        flops = 4.0 * B * Hq * Lq * Lk * D
+        row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
+               "attnx_gflops": flops / times["attnx"] / 1e9}
+        for n in ("torch", "numpy"):
+            if n in times:
+                row[f"{n}_s"] = times[n]
+                row[f"{n}_gflops"] = flops / times[n] / 1e9
+                row[f"vs_{n}"] = times[n] / times["attnx"]
+        self.emit(row)
+        attnx.set_num_threads(0)
+        return row
+
+    def decode(self, Lk, H, D):
+        """Lq = 1: bandwidth bound; report GB/s of K and V read against a plain read."""
+        attnx = self.attnx
+        attnx.set_num_threads(self.threads)
+        q, k, v = _inputs(1, H, H, 1, Lk, D)
+        big = np.ones(64 * 2**20, dtype=np.float32)         # 256 MiB: out of every cache
+        t_attn, t_read = _time([lambda: attnx.scaled_dot_product_attention(q, k, v),
+                                lambda: big.sum()], self.repeats)
+        gbs = (k.nbytes + v.nbytes) / t_attn / 1e9
+        read = big.nbytes / t_read / 1e9
+        row = {"case": f"decode Lq=1 Lk={Lk} H={H} D={D}", "threads": self.threads,
+               "attnx_s": t_attn, "attnx_gflops": 4.0 * H * Lk * D / t_attn / 1e9,
+               "attnx_GBps": gbs, "read_GBps_numpy_sum_1core": read,
+               "note": f"K+V read at {gbs:.1f} GB/s; numpy sum reads {read:.1f} GB/s ({gbs / read:.0%})"}
+        if self.torch:
+            tq, tk, tv = (self.torch.from_numpy(x) for x in (q, k, v))
+            self.torch.set_num_threads(self.threads)
+            t_attn, t_torch = _time([lambda: attnx.scaled_dot_product_attention(q, k, v),
+                                     lambda: self.F.scaled_dot_product_attention(tq, tk, tv)], self.repeats)
+            row["torch_gflops"] = 4.0 * H * Lk * D / t_torch / 1e9
+            row["vs_torch"] = t_torch / t_attn
+        self.emit(row)
+        attnx.set_num_threads(0)
+        return row
+
+    def memory(self, L, H, D):
+        """Peak RSS of one long-sequence call, in a fresh process."""
+        code = (
+            "import resource, numpy as np, attnx\n"
+            f"rng = np.random.default_rng(0); L, H, D = {L}, {H}, {D}\n"
+            "q, k, v = (rng.standard_normal((1, H, L, D), dtype=np.float32) for _ in range(3))\n"
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "import time; t0 = time.perf_counter()\n"
+            "out = attnx.scaled_dot_product_attention(q, k, v)\n"
+            "t = time.perf_counter() - t0\n"
+            "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "print(base, peak, t, q.nbytes * 3 + out.nbytes)\n")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        base_kib, peak_kib, t, data = res.stdout.split()
+        extra = (int(peak_kib) - int(base_kib)) / 1024
+        flops = 4.0 * H * L * L * D
+        row = {"case": f"long L={L} H={H} D={D}", "threads": self.threads, "attnx_s": float(t),
+               "attnx_gflops": flops / float(t) / 1e9, "peak_rss_growth_MiB": extra,
+               "note": f"RSS grew {extra:.0f} MiB during the call (inputs + output {int(data) / 2**20:.0f} MiB, "
+                       "allocated before)"}
+        self.emit(row)
+        return row
+
+
+def run(args) -> int:
+    b = _Bench(args)
+    b.header()
+    nt = b.threads
+    rows = []
+    rows.append(b.case(f"B=1 H=8 L=1024 D=64, {nt} threads", 1, 8, 8, 1024, 1024, 64, numpy=True))
+    if nt > 1:
+        rows.append(b.case("B=1 H=8 L=1024 D=64, 1 thread", 1, 8, 8, 1024, 1024, 64, threads=1))
+    rows.append(b.case("  same, causal", 1, 8, 8, 1024, 1024, 64, causal=True))
+    rows.append(b.case("  same, need_weights", 1, 8, 8, 1024, 1024, 64, need_weights=True, numpy=True))
+    rows.append(b.decode(8192, 32, 128))
+    if not b.quick:
+        rows.append(b.memory(16384, 8, 64))
+    lengths = [16, 128, 1024] if b.quick else [16, 64, 256, 1024, 4096]
+    dims = [64] if b.quick else [32, 64, 128]
+    for L in lengths:
+        for D in dims:
+            H = 8
+            rows.append(b.case(f"sweep L={L} D={D}", 1, H, H, L, L, D))
+    L, D = (256, 64) if b.quick else (1024, 64)
+    rng = np.random.default_rng(1)
+    bool_mask = rng.random((1, 1, L, L)) > 0.2
+    float_mask = np.where(bool_mask, 0.0, -np.inf).astype(np.float32)
+    pad = np.ones((2, 1, 1, L), dtype=bool)
+    pad[1, ..., L * 3 // 4:] = False
+    rows.append(b.case(f"sweep L={L} D={D} bool mask (1,1,L,L)", 1, 8, 8, L, L, D, mask=bool_mask))
+    rows.append(b.case(f"sweep L={L} D={D} float mask (1,1,L,L)", 1, 8, 8, L, L, D, mask=float_mask))
+    rows.append(b.case(f"sweep L={L} D={D} B=2 padding mask (B,1,1,L)", 2, 8, 8, L, L, D, mask=pad))
+    rows.append(b.case(f"sweep L={L} D={D} causal + padding", 2, 8, 8, L, L, D, mask=pad, causal=True))
+    rows.append(b.case(f"sweep L={L} D={D} GQA Hq=8 Hk=2", 1, 8, 2, L, L, D))
+    rows.append(b.case(f"sweep L={L} D={D} layout blhd", 1, 8, 8, L, L, D, layout="blhd"))
+    slower = [r["case"] for r in rows if r.get("vs_torch") is not None and r["vs_torch"] < 1.0]
+    if not b.json:
+        print(f"rows slower than torch: {len(slower)}" + (": " + "; ".join(slower) if slower else ""))
+    return 0
