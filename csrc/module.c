@@ -24,10 +24,10 @@ static int check_array(PyObject *obj, const char *name, int typenum, const npy_i
         return 0;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_TYPE(a) != typenum) {
+    if (PyArray_TYPE(a) != typenum || !PyArray_ISNOTSWAPPED(a)) {
         PyArray_Descr *want = PyArray_DescrFromType(typenum);
-        PyErr_Format(PyExc_TypeError, "%s must have dtype %S, not %S", name, (PyObject *)want,
-                     (PyObject *)PyArray_DESCR(a));
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %S in native byte order, not %S", name,
+                     (PyObject *)want, (PyObject *)PyArray_DESCR(a));
         Py_XDECREF(want);
         return 0;
     }
@@ -43,6 +43,13 @@ static int check_array(PyObject *obj, const char *name, int typenum, const npy_i
                          shape[0], shape[1], shape[2], shape[3], i, expect[i]);
             return 0;
         }
+    }
+    if (PyArray_SIZE(a) == 0) {   /* nothing is read or written: any strides will do */
+        if (writeable && !PyArray_ISWRITEABLE(a)) {
+            PyErr_Format(PyExc_ValueError, "%s must be writeable", name);
+            return 0;
+        }
+        return 1;
     }
     const npy_intp item = PyArray_ITEMSIZE(a);
     for (int i = 0; i < 4; i++) {
@@ -87,8 +94,8 @@ static int check_lengths(PyObject *obj, const char *name, npy_intp B, npy_intp H
         return 0;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_TYPE(a) != NPY_INT64) {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype int64, not %S", name,
+    if (PyArray_TYPE(a) != NPY_INT64 || !PyArray_ISNOTSWAPPED(a)) {
+        PyErr_Format(PyExc_TypeError, "%s must have dtype int64 (native byte order), not %S", name,
                      (PyObject *)PyArray_DESCR(a));
         return 0;
     }
@@ -167,8 +174,8 @@ static PyObject *py_forward(PyObject *self, PyObject *args)
             return NULL;
         }
         const int mt = PyArray_TYPE((PyArrayObject *)mask);
-        if (mt != NPY_BOOL && mt != NPY_FLOAT32) {
-            PyErr_Format(PyExc_TypeError, "mask must have dtype bool or float32, not %S",
+        if ((mt != NPY_BOOL && mt != NPY_FLOAT32) || !PyArray_ISNOTSWAPPED((PyArrayObject *)mask)) {
+            PyErr_Format(PyExc_TypeError, "mask must have dtype bool or float32 (native byte order), not %S",
                          (PyObject *)PyArray_DESCR((PyArrayObject *)mask));
             return NULL;
         }

@@ -1,0 +1,150 @@
+"""Boolean attention masks: ``causal_mask`` and ``padding_mask``.
+
+Both follow attnx's convention (PyTorch SDPA's): **True = may attend**.
+PyTorch's ``nn.MultiheadAttention`` uses the opposite for its bool masks
+(True = blocked); pass ``~mask`` there.
+
+The C core applies the causal rule and the lengths itself
+(``is_causal=`` and ``key_lengths=``/``query_lengths=`` of
+:func:`attnx.scaled_dot_product_attention`), without building any mask; these
+helpers are for when an explicit mask is wanted (to combine with other masks,
+to plot, or to port code that builds one, such as the seeds' masks).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+__all__ = ["causal_mask", "padding_mask"]
+
+
+def _size(value, name):
+    """``value`` as a non-negative Python int; TypeError/ValueError naming it."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a non-negative integer; got bool {value!r}")
+    try:
+        value = operator.index(value)  # int, NumPy integers, 0-d integer arrays
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a non-negative integer; got {type(value).__name__} {value!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer; got {value}")
+    return value
+
+
+def causal_mask(Lq, Lk=None, *, lower_right=False):
+    """The causal (look-ahead) mask: bool (Lq, Lk), True where query i may see key j.
+
+    Parameters
+    ----------
+    Lq : int
+        Number of queries (rows), >= 0.
+    Lk : int, optional
+        Number of keys (columns), >= 0; defaults to ``Lq``.
+    lower_right : bool
+        False (default): aligned top-left like PyTorch's ``is_causal=True``,
+        ``mask[i, j] = j <= i``. True: aligned bottom-right, the last query
+        sees every key, ``mask[i, j] = j <= i + Lk - Lq`` (decoding with a KV
+        cache, where the Lq new queries follow Lk - Lq cached positions).
+        The two agree when Lq == Lk.
+
+    Returns
+    -------
+    mask : ndarray of bool, shape (Lq, Lk)
+        True = may attend (attnx / PyTorch SDPA convention). It broadcasts
+        against the scores (B, H, Lq, Lk) as it is; combine with a padding mask
+        by ``&`` (seed 002's decoder mask). ``attn_mask=causal_mask(Lq, Lk)``
+        is the same as ``is_causal=True`` (and ``lower_right=True`` as
+        ``is_causal="lower_right"``), which needs no mask in memory.
+        With lower-right alignment and Lq > Lk the first Lq - Lk rows allow
+        no key at all (attnx gives zeros for such rows, never NaN).
+
+    Examples
+    --------
+    >>> from attnx import causal_mask
+    >>> causal_mask(3).astype(int)
+    array([[1, 0, 0],
+           [1, 1, 0],
+           [1, 1, 1]])
+    >>> causal_mask(2, 4).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0]])
+    >>> causal_mask(2, 4, lower_right=True).astype(int)
+    array([[1, 1, 1, 0],
+           [1, 1, 1, 1]])
+    """
+    Lq = _size(Lq, "Lq")
+    Lk = Lq if Lk is None else _size(Lk, "Lk")
+    if not isinstance(lower_right, (bool, np.bool_)):
+        raise TypeError(f"lower_right must be a bool; got {type(lower_right).__name__} {lower_right!r}")
+    offset = Lk - Lq if lower_right else 0
+    return np.arange(Lk)[None, :] <= np.arange(Lq)[:, None] + offset
+
+
+def padding_mask(lengths, L):
+    """The padding mask: bool (B, L), True where a position holds a real token.
+
+    ``mask[b, j] = j < lengths[b]``: sequence b has ``lengths[b]`` real tokens
+    followed by padding up to ``L``.
+
+    Parameters
+    ----------
+    lengths : array_like of int, shape (B,)
+        Number of real (non-padding) tokens of each sequence, each in [0, L].
+        Any shape works: the result has shape ``lengths.shape + (L,)``.
+    L : int
+        Padded sequence length, >= 0.
+
+    Returns
+    -------
+    mask : ndarray of bool, shape (B, L)
+        True = real token (may be attended to).
+
+    Notes
+    -----
+    To make seed 002's (B, 1, Lq, Lk) attention masks (True = may attend),
+    with ``pm_q = padding_mask(query_lengths, Lq)`` and
+    ``pm_k = padding_mask(key_lengths, Lk)``:
+
+    * keys only (cross attention, or self-attention ignoring padded keys)::
+
+          mask = pm_k[:, None, None, :]                         # (B, 1, 1, Lk)
+
+    * queries and keys (encoder self-attention: (i, j) is True only if both
+      tokens are real)::
+
+          mask = pm_q[:, None, :, None] & pm_k[:, None, None, :]  # (B, 1, Lq, Lk)
+
+    * decoder causal attention, causal AND padding::
+
+          mask = pm_q[:, None, :, None] & pm_k[:, None, None, :] & causal_mask(Lq, Lk)
+
+    Rows of padded queries are then fully masked; attnx gives zeros for them
+    (PyTorch's ``nn.MultiheadAttention`` gives NaN). Passing
+    ``key_lengths=`` / ``query_lengths=`` (and ``is_causal=True``) to
+    :func:`attnx.scaled_dot_product_attention` or
+    :class:`attnx.MultiHeadAttention` gives the same result without building
+    the mask. For PyTorch's ``key_padding_mask`` (True = pad) pass ``~pm_k``.
+
+    Examples
+    --------
+    >>> from attnx import padding_mask
+    >>> pm = padding_mask([3, 1], 4)
+    >>> pm.astype(int)
+    array([[1, 1, 1, 0],
+           [1, 0, 0, 0]])
+    >>> (pm[:, None, :, None] & pm[:, None, None, :]).shape
+    (2, 1, 4, 4)
+    """
+    L = _size(L, "L")
+    try:
+        a = np.asarray(lengths)
+    except Exception as exc:  # e.g. a ragged list
+        raise TypeError(f"lengths must be an array of integers; got {type(lengths).__name__}: {exc}") from None
+    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"lengths must be an array of integers; got dtype {a.dtype} with shape {a.shape}")
+    if a.size and (a.min() < 0 or a.max() > L):
+        raise ValueError(f"lengths must lie in [0, L={L}]; got values from {a.min()} to {a.max()}")
+    return np.arange(L) < a[..., None]

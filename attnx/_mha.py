@@ -1,0 +1,460 @@
+"""``MultiHeadAttention``: the multi-head attention layer of seed 002 (and of torch.nn).
+
+    Q = query @ W_q + b_q        (B, Lq, H*d_head)  -> (B, Lq, H, d_head)
+    K = key   @ W_k + b_k        (B, Lk, H*d_head)  -> (B, Lk, H, d_head)
+    V = value @ W_v + b_v        (B, Lk, H*d_head)  -> (B, Lk, H, d_head)
+    Z = attention(Q, K, V)       (B, Lq, H, d_head) -> (B, Lq, H*d_head)
+    out = Z @ W_o + b_o          (B, Lq, d_model)
+
+The projections are NumPy matmuls (an optimised BLAS); the attention runs in
+the C core through :func:`attnx.scaled_dot_product_attention` with
+``layout="blhd"``, which reads the (B, L, H, d_head) projections as they are,
+with no transpose copy.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from ._functional import scaled_dot_product_attention
+
+__all__ = ["MultiHeadAttention"]
+
+_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def _shape(a):
+    return "(" + ", ".join(str(n) for n in a.shape) + ("," if a.ndim == 1 else "") + ")"
+
+
+def _positive_int(value, name, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a positive integer; got bool {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a positive integer; got {type(value).__name__} {value!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer; got {value}")
+    return int(value)
+
+
+def _as_input(x, name):
+    """An input as a float32 ndarray (float16/float64 converted); other dtypes raise TypeError."""
+    try:
+        a = np.asarray(x)
+    except Exception as exc:  # e.g. a ragged list
+        raise TypeError(f"{name} must be array-like of floats; got {type(x).__name__}: {exc}") from None
+    if a.dtype.type not in _FLOATS:
+        raise TypeError(f"{name} must be float16, float32 or float64 (computed in float32); "
+                        f"got dtype {a.dtype} with shape {_shape(a)}")
+    if a.ndim not in (2, 3):
+        raise ValueError(f"{name} must be (B, L, features) or unbatched (L, features); "
+                         f"got shape {_shape(a)}")
+    return a.astype(np.float32, copy=False)
+
+
+def _xavier(rng, fan_in, fan_out):
+    """Xavier/Glorot uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)); (fan_in, fan_out) float32."""
+    a = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-a, a, size=(fan_in, fan_out)).astype(np.float32)
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("loading PyTorch weights needs torch (pip install torch==2.13.0)") from None
+    return torch
+
+
+def _to_numpy(t, transpose=False):
+    """A float32 NumPy copy of a torch tensor (never sharing memory with it), optionally transposed."""
+    torch = _import_torch()
+    a = t.detach().to(device="cpu", dtype=torch.float32).numpy()
+    return np.array(a.T if transpose else a, dtype=np.float32, order="C", copy=True)
+
+
+class MultiHeadAttention:
+    """Multi-head attention with NumPy weights, as in seed 002 and ``torch.nn.MultiheadAttention``.
+
+    ``out = concat(head_1, ..., head_H) @ W_o + b_o`` with
+    ``head_h = softmax(Q_h K_hᵀ / sqrt(d_head) + mask) V_h`` and
+    ``Q = query @ W_q + b_q``, ``K = key @ W_k + b_k``, ``V = value @ W_v + b_v``.
+
+    ``d_model`` need not be divisible by ``num_heads`` (seed 002: GloVe
+    embeddings have 50, 100, 200 or 300 features): the inputs are projected to
+    ``H * d_head`` features and ``W_o`` maps the concatenated heads back to
+    ``d_model``.
+
+    Parameters
+    ----------
+    d_model : int
+        Features of the query (and of the output).
+    num_heads : int
+        Number of heads H.
+    d_head : int, optional
+        Features per head; defaults to ``max(1, d_model // num_heads)``
+        (so 50 features and 8 heads give d_head 6 and H*d_head = 48).
+    bias : bool
+        Whether the four projections have biases (initialised to zeros).
+    kdim, vdim : int, optional
+        Features of key and value (cross-attention from another model's
+        states); default ``d_model``.
+    seed : int or numpy.random.Generator, optional
+        Seed of ``np.random.default_rng`` for the initial weights.
+
+    Attributes
+    ----------
+    W_q : ndarray, float32, (d_model, H*d_head)
+    W_k : ndarray, float32, (kdim, H*d_head)
+    W_v : ndarray, float32, (vdim, H*d_head)
+    W_o : ndarray, float32, (H*d_head, d_model)
+    b_q, b_k, b_v : ndarray, float32, (H*d_head,), or None when ``bias=False``
+    b_o : ndarray, float32, (d_model,), or None when ``bias=False``
+        Plain arrays: assign or modify them in place to set weights (the
+        shapes are checked at each call). Initialised Xavier-uniform
+        (``U(-a, a)``, ``a = sqrt(6 / (fan_in + fan_out))``), biases zero.
+
+    Notes
+    -----
+    Differences from ``torch.nn.MultiheadAttention``:
+
+    * Inputs are always batch-first, (B, L, features) (torch's default is
+      ``batch_first=False``, (L, B, features)); unbatched (L, features) works.
+    * A bool ``attn_mask`` means **True = may attend** (the attnx and
+      ``F.scaled_dot_product_attention`` convention). torch's MHA bool
+      ``attn_mask`` is the **opposite** (True = blocked): pass ``~mask``.
+    * torch's ``key_padding_mask`` (B, Lk), True = pad, corresponds to
+      ``key_lengths`` (no mask needed), or to an ``attn_mask`` of
+      ``~key_padding_mask[:, None, None, :]``.
+    * ``need_weights`` defaults to False (torch: True) and the weights are per
+      head unless ``average_weights=True`` (torch's
+      ``average_attn_weights=True`` is its default).
+    * No dropout (inference), no ``add_bias_kv`` or ``add_zero_attn``.
+    * A query row with no allowed key gives zeros before ``W_o`` (so ``b_o``
+      after it), never NaN (torch gives NaN).
+
+    Load a trained torch layer with :meth:`from_torch` or :meth:`load_torch`.
+
+    Examples
+    --------
+    >>> import numpy as np, attnx
+    >>> mha = attnx.MultiHeadAttention(50, 8, seed=0)   # GloVe-50, d_head = 6
+    >>> mha
+    MultiHeadAttention(d_model=50, num_heads=8, d_head=6, bias=True)
+    >>> x = np.random.default_rng(1).standard_normal((2, 7, 50), dtype=np.float32)
+    >>> mha(x, is_causal=True, key_lengths=[7, 4]).shape      # decoder self-attention
+    (2, 7, 50)
+    >>> memory = np.ones((2, 5, 50), dtype=np.float32)
+    >>> out, w = mha(x, memory, need_weights=True)             # cross-attention
+    >>> out.shape, w.shape
+    ((2, 7, 50), (2, 8, 7, 5))
+    """
+
+    def __init__(self, d_model, num_heads, d_head=None, *, bias=True, kdim=None, vdim=None,
+                 seed=None):
+        d_model = _positive_int(d_model, "d_model")
+        num_heads = _positive_int(num_heads, "num_heads")
+        d_head = _positive_int(d_head, "d_head", allow_none=True)
+        if d_head is None:
+            d_head = max(1, d_model // num_heads)
+        kdim = d_model if kdim is None else _positive_int(kdim, "kdim")
+        vdim = d_model if vdim is None else _positive_int(vdim, "vdim")
+        if not isinstance(bias, (bool, np.bool_)):
+            raise TypeError(f"bias must be a bool; got {type(bias).__name__} {bias!r}")
+
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_head = d_head
+        self.kdim = kdim
+        self.vdim = vdim
+        self.bias = bool(bias)
+
+        HD = num_heads * d_head
+        rng = np.random.default_rng(seed)
+        self.W_q = _xavier(rng, d_model, HD)
+        self.W_k = _xavier(rng, kdim, HD)
+        self.W_v = _xavier(rng, vdim, HD)
+        self.W_o = _xavier(rng, HD, d_model)
+        if self.bias:
+            self.b_q = np.zeros(HD, dtype=np.float32)
+            self.b_k = np.zeros(HD, dtype=np.float32)
+            self.b_v = np.zeros(HD, dtype=np.float32)
+            self.b_o = np.zeros(d_model, dtype=np.float32)
+        else:
+            self.b_q = self.b_k = self.b_v = self.b_o = None
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def inner_dim(self):
+        """H * d_head: the width of the concatenated heads."""
+        return self.num_heads * self.d_head
+
+    def _check_parameters(self):
+        HD = self.inner_dim
+        expected = {
+            "W_q": (self.d_model, HD), "W_k": (self.kdim, HD), "W_v": (self.vdim, HD),
+            "W_o": (HD, self.d_model),
+            "b_q": (HD,), "b_k": (HD,), "b_v": (HD,), "b_o": (self.d_model,),
+        }
+        for name, shape in expected.items():
+            w = getattr(self, name)
+            if w is None and name.startswith("b_"):
+                continue
+            if not isinstance(w, np.ndarray) or w.shape != shape:
+                got = _shape(w) if isinstance(w, np.ndarray) else type(w).__name__
+                raise ValueError(f"{self!r}: {name} must be an array of shape {shape}; got {got}")
+
+    def __repr__(self):
+        extra = ""
+        if self.kdim != self.d_model:
+            extra += f", kdim={self.kdim}"
+        if self.vdim != self.d_model:
+            extra += f", vdim={self.vdim}"
+        return (f"{type(self).__name__}(d_model={self.d_model}, num_heads={self.num_heads}, "
+                f"d_head={self.d_head}, bias={self.bias}{extra})")
+
+    # --------------------------------------------------------------------- call
+
+    def __call__(self, query, key=None, value=None, *, attn_mask=None, is_causal=False,
+                 key_lengths=None, query_lengths=None, need_weights=False,
+                 average_weights=False):
+        """Attend from ``query`` to ``key``/``value``.
+
+        Parameters
+        ----------
+        query : array_like, (B, Lq, d_model) or unbatched (Lq, d_model)
+        key : array_like, (B, Lk, kdim) or (Lk, kdim), optional
+            Defaults to ``query`` (self-attention).
+        value : array_like, (B, Lk, vdim) or (Lk, vdim), optional
+            Defaults to ``key`` (so to ``query`` when both are omitted).
+            float16/float64 inputs are converted; the result is float32.
+        attn_mask : array_like, optional
+            bool, **True = may attend** (the opposite of
+            ``torch.nn.MultiheadAttention``'s bool mask, where True = blocked),
+            or float, added to the scores (-inf blocks). Broadcastable to
+            (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk) (seed 002's masks, see
+            :func:`attnx.padding_mask`), (B, H, Lq, Lk). For unbatched inputs:
+            (Lq, Lk) or (H, Lq, Lk). A 3-D mask with batched inputs is refused
+            as ambiguous (it would broadcast as (H, Lq, Lk), while torch reads
+            (B*H, Lq, Lk) and seed code often means (B, Lq, Lk)): pass
+            ``mask[:, None]`` for (B, Lq, Lk), ``mask[None]`` for (H, Lq, Lk).
+        is_causal : bool or str
+            True (or "upper_left"): query i sees keys j <= i. "lower_right":
+            j <= i + Lk - Lq. Combined with the mask and the lengths by AND
+            (seed 002's causal AND padding).
+        key_lengths : array_like of int, (B,) (a scalar when unbatched), optional
+            Keys at positions >= key_lengths[b] are ignored: torch's
+            ``key_padding_mask`` (True = pad) is ``arange(Lk) >= key_lengths[:, None]``.
+        query_lengths : array_like of int, (B,), optional
+            Query rows at positions >= query_lengths[b] attend to nothing: their
+            attention output is zero, so their result is ``b_o``. For seed
+            002's encoder mask (both tokens real) pass the same lengths as
+            ``key_lengths`` and ``query_lengths``.
+        need_weights : bool
+            Also return the attention weights.
+        average_weights : bool
+            Return the weights averaged over the heads (torch's default).
+
+        Returns
+        -------
+        out : ndarray, float32, (B, Lq, d_model) (unbatched: (Lq, d_model))
+        weights : ndarray, float32, (B, H, Lq, Lk), or (B, Lq, Lk) with
+            ``average_weights``; without the B axis when unbatched. Only
+            returned when ``need_weights``.
+
+        Examples
+        --------
+        >>> import numpy as np, attnx
+        >>> mha = attnx.MultiHeadAttention(100, 6, seed=0)     # d_head = 16
+        >>> x = np.zeros((3, 10, 100), dtype=np.float32)
+        >>> out, w = mha(x, key_lengths=[10, 8, 3], need_weights=True, average_weights=True)
+        >>> out.shape, w.shape
+        ((3, 10, 100), (3, 10, 10))
+        >>> float(w[2, 0, 3:].sum())                             # padded keys get no weight
+        0.0
+        """
+        self._check_parameters()
+        q_in = _as_input(query, "query")
+        if key is None:
+            k_in = q_in
+        else:
+            k_in = _as_input(key, "key")
+        if value is None:
+            v_in = k_in
+        else:
+            v_in = _as_input(value, "value")
+
+        def shapes():
+            return (f"query {_shape(q_in)}, key {_shape(k_in)}, value {_shape(v_in)} "
+                    f"for {self!r} (kdim={self.kdim}, vdim={self.vdim})")
+
+        if not (q_in.ndim == k_in.ndim == v_in.ndim):
+            raise ValueError(f"query, key and value must all be batched (B, L, features) or all "
+                             f"unbatched (L, features); got {shapes()}")
+        k_name = "key (defaulted to query)" if key is None else "key"
+        v_name = "value" if value is not None else (
+            "value (defaulted to query)" if key is None else "value (defaulted to key)")
+        for a, name, dim, attr in ((q_in, "query", self.d_model, "d_model"),
+                                   (k_in, k_name, self.kdim, "kdim"),
+                                   (v_in, v_name, self.vdim, "vdim")):
+            if a.shape[-1] != dim:
+                raise ValueError(f"{name} has {a.shape[-1]} features but the layer's {attr} is "
+                                 f"{dim}; got {shapes()}")
+        if k_in.shape[-2] != v_in.shape[-2]:
+            raise ValueError(f"key and value must have the same length Lk; got {shapes()}")
+        unbatched = q_in.ndim == 2
+        if unbatched:
+            q_in, k_in, v_in = q_in[None], k_in[None], v_in[None]
+        elif not (q_in.shape[0] == k_in.shape[0] == v_in.shape[0]):
+            raise ValueError(f"query, key and value must have the same batch size B; got {shapes()}")
+
+        if attn_mask is not None:
+            m = np.asarray(attn_mask)
+            if m.ndim == 3 and not unbatched and m.shape[0] != 1:
+                raise ValueError(
+                    f"a 3-D attn_mask {_shape(m)} is ambiguous for batched inputs: pass "
+                    f"mask[:, None] for a (B, Lq, Lk) mask, mask[None] for (H, Lq, Lk), or "
+                    f"mask.reshape(B, H, Lq, Lk) for torch's (B*H, Lq, Lk)")
+            if m.ndim > 4 or (unbatched and m.ndim == 4 and m.shape[0] != 1):
+                raise ValueError(f"attn_mask {_shape(m)} must broadcast to (B, H, Lq, Lk) = "
+                                 f"{(q_in.shape[0], self.num_heads, q_in.shape[1], k_in.shape[1])}"
+                                 f"{' (unbatched: (H, Lq, Lk))' if unbatched else ''}")
+            attn_mask = m
+
+        B, Lq, Lk = q_in.shape[0], q_in.shape[1], k_in.shape[1]
+        H, D = self.num_heads, self.d_head
+
+        # (B, L, features) @ (features, H*D) -> (B, L, H*D) -> view (B, L, H, D)
+        q = q_in @ self.W_q
+        k = k_in @ self.W_k
+        v = v_in @ self.W_v
+        if self.b_q is not None:
+            q += self.b_q
+        if self.b_k is not None:
+            k += self.b_k
+        if self.b_v is not None:
+            v += self.b_v
+        q = q.reshape(B, Lq, H, D)
+        k = k.reshape(B, Lk, H, D)
+        v = v.reshape(B, Lk, H, D)
+
+        res = scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
+            key_lengths=key_lengths, query_lengths=query_lengths, need_weights=need_weights)
+        z, w = res if need_weights else (res, None)
+
+        # (B, Lq, H, D) -> (B, Lq, H*D) @ (H*D, d_model) -> (B, Lq, d_model)
+        out = z.reshape(B, Lq, H * D) @ self.W_o
+        if self.b_o is not None:
+            out += self.b_o
+        out = out.astype(np.float32, copy=False)
+        if unbatched:
+            out = out[0]
+        if not need_weights:
+            return out
+        if average_weights:  # (B, H, Lq, Lk) -> (B, Lq, Lk), summed in float64
+            w = w.mean(axis=1, dtype=np.float64).astype(np.float32)
+        if unbatched:
+            w = w[0]
+        return out, w
+
+    # -------------------------------------------------------------------- torch
+
+    def load_torch(self, module):
+        """Copy the weights of a ``torch.nn.MultiheadAttention`` into this layer (in place).
+
+        torch computes ``x @ W.T + b`` with ``W`` of shape (out, in): its packed
+        ``in_proj_weight`` (3E, E) holds the query, key and value rows (or
+        ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim), ``v_proj_weight``
+        (E, vdim) when kdim/vdim differ from E), ``in_proj_bias`` (3E,), and
+        ``out_proj`` a Linear(E, E). They are copied as float32 NumPy arrays
+        (``W_q = in_proj_weight[:E].T`` and so on), sharing no memory with
+        torch. The layer then gives torch's results (with the mask conventions
+        described in the class docstring); ``batch_first`` does not matter.
+
+        The layer's d_model, num_heads, d_head, kdim and vdim must match the
+        module's (embed_dim, num_heads, head_dim = embed_dim // num_heads,
+        kdim, vdim); the biases follow the module's (``self.bias`` is updated).
+        Modules with ``add_bias_kv`` or ``add_zero_attn`` are refused. Dropout
+        is not applied (put the torch module in ``eval()`` mode to compare).
+
+        Returns ``self``.
+
+        Examples
+        --------
+        >>> import torch, attnx                                    # doctest: +SKIP
+        >>> t = torch.nn.MultiheadAttention(64, 8, batch_first=True).eval()  # doctest: +SKIP
+        >>> mha = attnx.MultiHeadAttention(64, 8).load_torch(t)    # doctest: +SKIP
+        """
+        torch = _import_torch()
+        if not isinstance(module, torch.nn.MultiheadAttention):
+            raise TypeError(f"module must be a torch.nn.MultiheadAttention; got {type(module).__name__}")
+        E, H = module.embed_dim, module.num_heads
+        theirs = (E, H, module.head_dim, module.kdim, module.vdim)
+        ours = (self.d_model, self.num_heads, self.d_head, self.kdim, self.vdim)
+        if theirs != ours:
+            raise ValueError(
+                f"the torch module has (embed_dim, num_heads, head_dim, kdim, vdim) = {theirs} but "
+                f"{self!r} has (d_model, num_heads, d_head, kdim, vdim) = {ours}; use "
+                f"MultiHeadAttention.from_torch(module) to make a matching layer")
+        if module.bias_k is not None or module.bias_v is not None:
+            raise ValueError("torch.nn.MultiheadAttention with add_bias_kv=True is not supported")
+        if module.add_zero_attn:
+            raise ValueError("torch.nn.MultiheadAttention with add_zero_attn=True is not supported")
+
+        if module.in_proj_weight is not None:   # packed (3E, E): rows [q; k; v]
+            w = module.in_proj_weight
+            wq, wk, wv = w[:E], w[E:2 * E], w[2 * E:]
+        else:                                   # separate, when kdim/vdim != E
+            wq, wk, wv = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        W_q, W_k, W_v = (_to_numpy(t, transpose=True) for t in (wq, wk, wv))
+        W_o = _to_numpy(module.out_proj.weight, transpose=True)
+
+        in_b, out_b = module.in_proj_bias, module.out_proj.bias
+        has_bias = in_b is not None or out_b is not None
+        if has_bias:
+            b_in = np.zeros(3 * E, np.float32) if in_b is None else _to_numpy(in_b)
+            b_q, b_k, b_v = (np.array(b_in[i * E:(i + 1) * E]) for i in range(3))
+            b_o = np.zeros(E, np.float32) if out_b is None else _to_numpy(out_b)
+        else:
+            b_q = b_k = b_v = b_o = None
+
+        # assign only once everything converted
+        self.W_q, self.W_k, self.W_v, self.W_o = W_q, W_k, W_v, W_o
+        self.b_q, self.b_k, self.b_v, self.b_o = b_q, b_k, b_v, b_o
+        self.bias = has_bias
+        self._check_parameters()
+        return self
+
+    @classmethod
+    def from_torch(cls, module):
+        """A new layer holding a copy of a ``torch.nn.MultiheadAttention``'s weights.
+
+        Sizes (embed_dim, num_heads, kdim, vdim) and biases are taken from the
+        module; see :meth:`load_torch`. torch needs ``embed_dim`` divisible by
+        ``num_heads``, so the layer has ``d_head = embed_dim // num_heads``.
+
+        Examples
+        --------
+        >>> import numpy as np, torch, attnx                                  # doctest: +SKIP
+        >>> t = torch.nn.MultiheadAttention(64, 8, batch_first=True).eval()   # doctest: +SKIP
+        >>> mha = attnx.MultiHeadAttention.from_torch(t)                      # doctest: +SKIP
+        >>> x = np.random.default_rng(0).standard_normal((2, 5, 64), dtype=np.float32)  # doctest: +SKIP
+        >>> ref = t(*(torch.from_numpy(x),) * 3, need_weights=False)[0].detach().numpy()  # doctest: +SKIP
+        >>> np.allclose(mha(x), ref, atol=1e-5)                               # doctest: +SKIP
+        True
+        """
+        torch = _import_torch()
+        if not isinstance(module, torch.nn.MultiheadAttention):
+            raise TypeError(f"module must be a torch.nn.MultiheadAttention; got {type(module).__name__}")
+        has_bias = module.in_proj_bias is not None or module.out_proj.bias is not None
+        self = cls(module.embed_dim, module.num_heads, module.head_dim, bias=has_bias,
+                   kdim=module.kdim, vdim=module.vdim, seed=0)
+        return self.load_torch(module)
