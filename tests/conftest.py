@@ -1,0 +1,161 @@
+"""Shared fixtures and helpers for the attnx test suite.
+
+* ``isa``: parametrises a test over the instruction sets the C core can run on
+  this CPU (``attnx._attnx.available_isas()``), switching the kernels for the
+  test and restoring the previous choice afterwards. When the environment sets
+  ``ATTNX_ISA`` (as CI does, one job per ISA), only that ISA is used, so each
+  CI job runs the whole suite on its own kernels.
+* ``rng``: a NumPy Generator seeded from the test's id (reproducible, and
+  different for every parametrised case).
+* ``randn`` / ``make_qkv``: random float32 inputs.
+* ``assert_close(actual, expected64)``: the project's accuracy bar against the
+  float64 reference, atol=1e-5 and rtol=5e-6; NaN positions must match and
+  infinities must be equal.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _attnx
+
+ATOL = 1e-5
+RTOL = 5e-6
+
+
+# --------------------------------------------------------------------- ISAs
+
+def _selected_isas():
+    """The ISAs the ``isa`` fixture runs over (respects ATTNX_ISA)."""
+    available = list(_attnx.available_isas())
+    forced = os.environ.get("ATTNX_ISA", "").strip().lower()
+    if forced and forced != "all":
+        # A CI job asking for an ISA this CPU lacks should fail loudly in the
+        # fixture (it would otherwise silently test another one).
+        return [forced]
+    return available
+
+
+ISAS = _selected_isas()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Run the test with the kernels of one instruction set, then restore."""
+    name = request.param
+    if name not in _attnx.available_isas():
+        pytest.fail(f"ATTNX_ISA={name!r} is not available on this CPU; "
+                    f"available: {_attnx.available_isas()}")
+    previous = _attnx.isa()
+    _attnx.set_isa(name)
+    try:
+        assert _attnx.isa() == name
+        yield name
+    finally:
+        _attnx.set_isa(previous)
+
+
+@pytest.fixture
+def rng(request):
+    """A Generator seeded from the test id: reproducible, distinct per case."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# ------------------------------------------------------------------ inputs
+
+def randn(rng, shape, dtype=np.float32, scale=1.0):
+    """Standard-normal values of ``shape`` (times ``scale``) as ``dtype``."""
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def make_qkv(rng, B=(2,), Hq=3, Lq=5, Lk=7, E=16, Ev=None, Hk=None, dtype=np.float32):
+    """q (B..., Hq, Lq, E), k (B..., Hk, Lk, E), v (B..., Hk, Lk, Ev)."""
+    B = tuple(B)
+    Hk = Hq if Hk is None else Hk
+    Ev = E if Ev is None else Ev
+    q = randn(rng, B + (Hq, Lq, E), dtype)
+    k = randn(rng, B + (Hk, Lk, E), dtype)
+    v = randn(rng, B + (Hk, Lk, Ev), dtype)
+    return q, k, v
+
+
+def random_bool_mask(rng, shape, p=0.7):
+    """A bool mask with roughly ``p`` of its entries True (= may attend)."""
+    return rng.random(shape) < p
+
+
+def random_float_mask(rng, shape, p_inf=0.2):
+    """A float32 additive mask: normal values with ~``p_inf`` of them -inf."""
+    m = rng.standard_normal(shape).astype(np.float32)
+    m[rng.random(shape) < p_inf] = -np.inf
+    return m
+
+
+# -------------------------------------------------------------- assertions
+
+def assert_close(actual, expected64, atol=ATOL, rtol=RTOL, check_dtype=True, err_msg=""):
+    """``actual`` (float32 from attnx) matches ``expected64`` (float64 oracle).
+
+    Shapes must be equal; NaN must appear exactly where the reference has NaN;
+    infinities must be equal (same place, same sign); every other element must
+    satisfy |actual - expected| <= atol + rtol * |expected|.
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected64)
+    prefix = (err_msg + ": ") if err_msg else ""
+    if check_dtype:
+        assert actual.dtype == np.float32, f"{prefix}expected float32 result, got {actual.dtype}"
+    assert actual.shape == expected.shape, (
+        f"{prefix}shape {actual.shape} != expected {expected.shape}")
+    a = actual.astype(np.float64)
+    e = expected.astype(np.float64)
+
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    if not np.array_equal(nan_a, nan_e):
+        bad = np.argwhere(nan_a != nan_e)
+        idx = tuple(bad[0])
+        raise AssertionError(
+            f"{prefix}NaN positions differ at {len(bad)} element(s); first at {idx}: "
+            f"actual {a[idx]!r}, expected {e[idx]!r}")
+    inf_a, inf_e = np.isinf(a), np.isinf(e)
+    if not np.array_equal(inf_a, inf_e) or not np.array_equal(a[inf_e], e[inf_e]):
+        bad = np.argwhere((inf_a != inf_e) | (inf_e & (a != e)))
+        idx = tuple(bad[0])
+        raise AssertionError(
+            f"{prefix}infinities differ at {len(bad)} element(s); first at {idx}: "
+            f"actual {a[idx]!r}, expected {e[idx]!r}")
+
+    fin = np.isfinite(e)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(a - e)
+    tol = atol + rtol * np.abs(e)
+    bad = fin & ~(err <= tol)
+    if bad.any():
+        where = np.argwhere(bad)
+        idx = tuple(where[0])
+        worst = tuple(np.unravel_index(np.argmax(np.where(fin, err - tol, -np.inf)), e.shape))
+        raise AssertionError(
+            f"{prefix}{len(where)} of {e.size} element(s) outside atol={atol}, rtol={rtol}; "
+            f"first at {idx}: actual {a[idx]!r}, expected {e[idx]!r}; "
+            f"worst at {worst}: actual {a[worst]!r}, expected {e[worst]!r}, "
+            f"|diff| {err[worst]:.3g}")
+
+
+def check_against_reference(*args, need_weights=False, **kwargs):
+    """Run attnx and the float64 reference on the same arguments and compare.
+
+    Returns attnx's result (``out`` or ``(out, weights)``).
+    """
+    got = attnx.scaled_dot_product_attention(*args, need_weights=need_weights, **kwargs)
+    ref = attnx.reference(*args, need_weights=need_weights, **kwargs)
+    if need_weights:
+        assert_close(got[0], ref[0], err_msg="output")
+        assert_close(got[1], ref[1], err_msg="weights")
+    else:
+        assert_close(got, ref, err_msg="output")
+    return got
