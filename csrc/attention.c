@@ -13,6 +13,7 @@
  * are skipped); only tiles on the diagonal are masked element by element.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,14 +61,23 @@ static void apply_masks(const attnx_problem *p, int64_t b, int64_t h, int64_t i0
     if (p->mask_kind == ATTNX_MASK_BOOL) {
         const unsigned char *mb = (const unsigned char *)p->mask + b * p->mask_sb + h * p->mask_sh
                                   + i0 * p->mask_sq + j0 * p->mask_sk;
-        for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++)
-                if (!mb[i * p->mask_sq + j * p->mask_sk]) st[j * BQ + i] = -INFINITY;
+        for (int i = 0; i < nq; i++) {     /* a select, not a branch: masks are often random */
+            const unsigned char *row = mb + i * p->mask_sq;
+            for (int j = 0; j < nk; j++) {
+                uint32_t x;
+                memcpy(&x, &st[j * BQ + i], sizeof x);
+                const uint32_t keep = 0u - (uint32_t)(row[j * p->mask_sk] != 0);
+                x = (x & keep) | (0xff800000u & ~keep);          /* -inf where blocked */
+                memcpy(&st[j * BQ + i], &x, sizeof x);
+            }
+        }
     } else if (p->mask_kind == ATTNX_MASK_FLOAT) {
         const float *mf = (const float *)p->mask + b * p->mask_sb + h * p->mask_sh
                           + i0 * p->mask_sq + j0 * p->mask_sk;
-        for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++) st[j * BQ + i] += mf[i * p->mask_sq + j * p->mask_sk];
+        for (int i = 0; i < nq; i++) {
+            const float *row = mf + i * p->mask_sq;
+            for (int j = 0; j < nk; j++) st[j * BQ + i] += row[j * p->mask_sk];
+        }
     }
 }
 
@@ -285,9 +295,43 @@ static attnx_status validate(const attnx_problem *p)
     return ATTNX_OK;
 }
 
+/* The calling thread keeps its scratch buffer between calls (freed when the
+ * thread exits), so a stream of small calls does not pay for malloc and the
+ * page faults of fresh memory every time. Worker threads allocate theirs. */
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+typedef struct { float *buf; size_t cap; } cache;
+
+static void cache_free(void *c)
+{
+    if (c) free(((cache *)c)->buf);
+    free(c);
+}
+static void cache_init(void) { (void)pthread_key_create(&cache_key, cache_free); }
+
+static void *alloc_floats(size_t n);
+
+static float *caller_buffer(size_t n)
+{
+    pthread_once(&cache_once, cache_init);
+    cache *c = pthread_getspecific(cache_key);
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c))) return NULL;
+        if (pthread_setspecific(cache_key, c) != 0) { free(c); return NULL; }
+    }
+    if (c->cap < n) {
+        float *b = alloc_floats(n);
+        if (!b) return NULL;
+        free(c->buf);
+        c->buf = b;
+        c->cap = n;
+    }
+    return c->buf;
+}
+
 static void free_scratch(scratch *scr, int n)
 {
-    for (int t = 0; t < n; t++) free(scr[t].qt);
+    for (int t = 1; t < n; t++) free(scr[t].qt);   /* [0] is the caller's cached buffer */
     free(scr);
 }
 
@@ -347,7 +391,7 @@ attnx_status attnx_forward(const attnx_problem *p)
     jb.scr = calloc((size_t)nt, sizeof(scratch));
     if (!jb.scr) { free(jb.partial); return ATTNX_ERR_NOMEM; }
     for (int t = 0; t < nt; t++) {
-        float *base = alloc_floats(per);
+        float *base = t == 0 ? caller_buffer(per) : alloc_floats(per);
         if (!base) { free_scratch(jb.scr, t); free(jb.partial); return ATTNX_ERR_NOMEM; }
         scratch *s = &jb.scr[t];
         s->qt = base;
