@@ -54,9 +54,10 @@ static void apply_masks(const attnx_problem *p, int64_t b, int64_t h, int64_t i0
                         int64_t j0, int nk, int64_t offset, float *st)
 {
     if (p->causal != ATTNX_CAUSAL_NONE && j0 + nk - 1 > i0 + offset) {
-        for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++)
-                if (j0 + j > i0 + i + offset) st[j * BQ + i] = -INFINITY;
+        for (int i = 0; i < nq; i++) {       /* row i sees keys up to i0 + i + offset */
+            for (int64_t j = max64(0, i0 + i + offset + 1 - j0); j < nk; j++)
+                st[j * BQ + i] = -INFINITY;
+        }
     }
     if (p->mask_kind == ATTNX_MASK_BOOL) {
         const unsigned char *mb = (const unsigned char *)p->mask + b * p->mask_sb + h * p->mask_sh

@@ -65,6 +65,10 @@ extern const attnx_kernels attnx_kernels_scalar;
 extern const attnx_kernels attnx_kernels_avx2;
 extern const attnx_kernels attnx_kernels_avx512;
 #endif
+#if defined(__aarch64__)
+#define ATTNX_HAVE_NEON 1
+extern const attnx_kernels attnx_kernels_neon;
+#endif
 
 /* The kernel table in use (dispatch.c). */
 const attnx_kernels *attnx_active_kernels(void);
