@@ -7,6 +7,7 @@ strides, lengths checks. The arithmetic runs in ``attnx._attnx`` (C).
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
 
@@ -68,14 +69,10 @@ def _lengths(x, name, batch_shape, limit, B, H, heads_are_batch):
     return np.broadcast_to(a.reshape(B, 1), (B, H))
 
 
-class _Prepared:
-    """The arguments as the core takes them: (B, H, L, E) views and flags."""
-    __slots__ = ("q", "k", "v", "mask", "key_lengths", "query_lengths", "causal",
-                 "scale", "batch_shape", "layout", "ndim")
-
-    def __init__(self, *values):
-        for name, value in zip(self.__slots__, values):
-            setattr(self, name, value)
+# The arguments as the core takes them: (B, H, L, E) views and flags.
+_Prepared = collections.namedtuple("_Prepared", (
+    "q", "k", "v", "mask", "key_lengths", "query_lengths", "causal", "scale",
+    "batch_shape", "layout", "ndim"))
 
 
 def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
@@ -125,7 +122,7 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
             raise ValueError(
                 f"enable_gqa needs query heads ({Hq}) to be a multiple of key/value heads ({Hk}); got {shapes()}")
 
-    if not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
+    if dropout_p != 0.0 or not isinstance(dropout_p, (float, int, np.floating, np.integer)):
         raise ValueError(f"dropout_p must be 0.0 (attnx computes inference attention); got {dropout_p!r}")
     if isinstance(is_causal, (bool, np.bool_)):
         causal = _CAUSAL[bool(is_causal)]

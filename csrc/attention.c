@@ -13,6 +13,7 @@
  * are skipped); only tiles on the diagonal are masked element by element.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,11 @@ typedef struct {
     const attnx_problem *p;
     const attnx_kernels *kt;
     int64_t nqb;       /* query blocks per head */
-    int64_t n_items;   /* B * Hq * nqb */
+    int64_t nsplit;    /* key ranges per query block (split-K, for decoding) */
+    int64_t kchunk;    /* keys per range, a multiple of BK */
+    int64_t n_items;   /* B * Hq * nqb * nsplit */
     int64_t ldacc;
+    float *partial;    /* nsplit > 1: per item, m (BQ) | l (BQ) | acc (BQ, ldacc) */
     scratch *scr;      /* one per thread */
     atomic_llong next; /* next item to take */
 } job;
@@ -50,21 +54,50 @@ static void apply_masks(const attnx_problem *p, int64_t b, int64_t h, int64_t i0
                         int64_t j0, int nk, int64_t offset, float *st)
 {
     if (p->causal != ATTNX_CAUSAL_NONE && j0 + nk - 1 > i0 + offset) {
-        for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++)
-                if (j0 + j > i0 + i + offset) st[j * BQ + i] = -INFINITY;
+        for (int i = 0; i < nq; i++) {       /* row i sees keys up to i0 + i + offset */
+            for (int64_t j = max64(0, i0 + i + offset + 1 - j0); j < nk; j++)
+                st[j * BQ + i] = -INFINITY;
+        }
     }
     if (p->mask_kind == ATTNX_MASK_BOOL) {
         const unsigned char *mb = (const unsigned char *)p->mask + b * p->mask_sb + h * p->mask_sh
                                   + i0 * p->mask_sq + j0 * p->mask_sk;
-        for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++)
-                if (!mb[i * p->mask_sq + j * p->mask_sk]) st[j * BQ + i] = -INFINITY;
+        for (int i = 0; i < nq; i++) {     /* a select, not a branch: masks are often random */
+            const unsigned char *row = mb + i * p->mask_sq;
+            for (int j = 0; j < nk; j++) {
+                uint32_t x;
+                memcpy(&x, &st[j * BQ + i], sizeof x);
+                const uint32_t keep = 0u - (uint32_t)(row[j * p->mask_sk] != 0);
+                x = (x & keep) | (0xff800000u & ~keep);          /* -inf where blocked */
+                memcpy(&st[j * BQ + i], &x, sizeof x);
+            }
+        }
     } else if (p->mask_kind == ATTNX_MASK_FLOAT) {
         const float *mf = (const float *)p->mask + b * p->mask_sb + h * p->mask_sh
                           + i0 * p->mask_sq + j0 * p->mask_sk;
-        for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++) st[j * BQ + i] += mf[i * p->mask_sq + j * p->mask_sk];
+        for (int i = 0; i < nq; i++) {
+            const float *row = mf + i * p->mask_sq;
+            for (int j = 0; j < nk; j++) st[j * BQ + i] += row[j * p->mask_sk];
+        }
+    }
+}
+
+static int use_dot(const job *jb, int nq) { return nq <= jb->kt->dot_max_nq; }
+
+/* Pack the queries of an item, pre-scaled: for few queries as rows
+ * qr (nq, D), else transposed qt (D, BQ) with zero padding columns. */
+static void pack_queries(const job *jb, const scratch *s, const float *q, int nq)
+{
+    const attnx_problem *p = jb->p;
+    if (use_dot(jb, nq)) {
+        for (int i = 0; i < nq; i++)
+            for (int64_t d = 0; d < p->D; d++) s->qt[i * p->D + d] = p->scale * q[i * p->q.sl + d];
+        return;
+    }
+    for (int64_t d = 0; d < p->D; d++) {
+        float *qd = s->qt + d * BQ;
+        for (int i = 0; i < nq; i++) qd[i] = p->scale * q[i * p->q.sl + d];
+        for (int i = nq; i < BQ; i++) qd[i] = 0.0f;
     }
 }
 
@@ -73,16 +106,20 @@ static void tile_scores(const job *jb, const scratch *s, int64_t b, int64_t h, c
                         int64_t i0, int nq, int64_t j0, int nk, int64_t offset)
 {
     const attnx_problem *p = jb->p;
-    jb->kt->qk(s->qt, BQ, nq, k + j0 * p->k.sl, p->k.sl, nk, p->D, s->st);
+    if (use_dot(jb, nq))
+        jb->kt->qk_dot(s->qt, p->D, nq, k + j0 * p->k.sl, p->k.sl, nk, s->st, BQ);
+    else
+        jb->kt->qk(s->qt, BQ, nq, k + j0 * p->k.sl, p->k.sl, nk, p->D, s->st);
     apply_masks(p, b, h, i0, nq, j0, nk, offset, s->st);
 }
 
-// one item: queries i0 .. i0+BQ-1 of head (b, h)
+// one item: queries i0 .. i0+BQ-1 of head (b, h), against one range of keys
 static void run_item(job *jb, scratch *s, int64_t item)
 {
     const attnx_problem *p = jb->p;
     const attnx_kernels *kt = jb->kt;
-    const int64_t qb = item % jb->nqb, bh = item / jb->nqb;
+    const int64_t split = item % jb->nsplit, block = item / jb->nsplit;
+    const int64_t qb = block % jb->nqb, bh = block / jb->nqb;
     const int64_t h = bh % p->Hq, b = bh / p->Hq;
     const int64_t hk = h / (p->Hq / p->Hk);
     const int64_t i0 = qb * BQ;
@@ -98,27 +135,38 @@ static void run_item(job *jb, scratch *s, int64_t item)
     float *out = p->out + b * p->out_sb + h * p->out_sh + i0 * p->out_sl;
     float *w = p->weights ? p->weights + ((b * p->Hq + h) * p->Lq + i0) * p->Lk : NULL;
     if (w) memset(w, 0, sizeof(float) * (size_t)rows * (size_t)p->Lk);
-    for (int i = nq; i < rows; i++) memset(out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
-    if (nq == 0) return;
+    if (split == 0)
+        for (int i = nq; i < rows; i++) memset(out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
 
-    // qt: (D, BQ) = scale * q[i0 .. i0+nq-1]ᵀ, padding columns zero
-    const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i0 * p->q.sl;
-    for (int64_t d = 0; d < p->D; d++) {
-        float *qd = s->qt + d * BQ;
-        for (int i = 0; i < nq; i++) qd[i] = p->scale * q[i * p->q.sl + d];
-        for (int i = nq; i < BQ; i++) qd[i] = 0.0f;
+    /* split-K: this item's range of keys, and where its partial result goes */
+    int64_t kbeg = 0, kstop = kend;
+    float *part = NULL;
+    if (jb->nsplit > 1) {
+        kbeg = split * jb->kchunk;
+        kstop = min64(kend, kbeg + jb->kchunk);
+        part = jb->partial + item * (2 * BQ + BQ * jb->ldacc);
+        for (int i = 0; i < BQ; i++) { part[i] = -INFINITY; part[BQ + i] = 0.0f; }
     }
+    if (nq == 0 || (part && kbeg >= kstop)) return;
+
+    pack_queries(jb, s, p->q.data + b * p->q.sb + h * p->q.sh + i0 * p->q.sl, nq);
     for (int i = 0; i < BQ; i++) { s->m[i] = -INFINITY; s->l[i] = 0.0f; }
     memset(s->acc, 0, sizeof(float) * (size_t)nq * (size_t)jb->ldacc);
 
     const float *k = p->k.data + b * p->k.sb + hk * p->k.sh;
     const float *v = p->v.data + b * p->v.sb + hk * p->v.sh;
     if (!w) {
-        for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-            const int nk = (int)min64(BK, kend - j0);
+        for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
+            const int nk = (int)min64(BK, kstop - j0);
             tile_scores(jb, s, b, h, k, i0, nq, j0, nk, offset);
             kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
             kt->pv(s->st, BQ, nq, v + j0 * p->v.sl, p->v.sl, nk, p->Dv, s->alpha, s->acc, jb->ldacc);
+        }
+        if (part) {                          /* merged by merge_partials() */
+            memcpy(part, s->m, sizeof(float) * (size_t)nq);
+            memcpy(part + BQ, s->l, sizeof(float) * (size_t)nq);
+            memcpy(part + 2 * BQ, s->acc, sizeof(float) * (size_t)nq * (size_t)jb->ldacc);
+            return;
         }
         for (int i = 0; i < nq; i++) {      /* normalise once; nothing allowed: zeros */
             const float inv = s->l[i] == 0.0f ? 0.0f : 1.0f / s->l[i];
@@ -150,6 +198,43 @@ static void run_item(job *jb, scratch *s, int64_t item)
         const int none = s->l[i] == 0.0f;
         for (int64_t d = 0; d < p->Dv; d++)
             out[i * p->out_sl + d] = none ? 0.0f : s->acc[i * jb->ldacc + d];
+    }
+}
+
+/* Split-K: combine the nsplit partial softmaxes of each query row,
+ *   M = max_s m_s,  f_s = exp(m_s - M'),  out = sum_s f_s acc_s / sum_s f_s l_s
+ * (M' = 0 when M = -inf, as in the kernels: nothing allowed gives zeros). */
+static void merge_partials(const job *jb)
+{
+    const attnx_problem *p = jb->p;
+    const int64_t stride = 2 * BQ + BQ * jb->ldacc;
+    for (int64_t block = 0; block < jb->n_items / jb->nsplit; block++) {
+        const int64_t qb = block % jb->nqb, bh = block / jb->nqb;
+        const int64_t h = bh % p->Hq, b = bh / p->Hq, i0 = qb * BQ;
+        const int64_t qlen = p->query_lengths ? p->query_lengths[b * p->ql_sb + h * p->ql_sh] : p->Lq;
+        const int nq = (int)max64(0, min64(min64(BQ, p->Lq - i0), qlen - i0));
+        const float *first = jb->partial + block * jb->nsplit * stride;
+        for (int i = 0; i < nq; i++) {
+            float M = -INFINITY;
+            for (int64_t sp = 0; sp < jb->nsplit; sp++) {
+                const float m = first[sp * stride + i];
+                M = m > M ? m : M;
+            }
+            const float msub = M == -INFINITY ? 0.0f : M;
+            float l = 0.0f;
+            float *o = p->out + b * p->out_sb + h * p->out_sh + (i0 + i) * p->out_sl;
+            for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
+            for (int64_t sp = 0; sp < jb->nsplit; sp++) {
+                const float *part = first + sp * stride;
+                const float f = attnx_expf(part[i] - msub);
+                l += f * part[BQ + i];
+                const float *acc = part + 2 * BQ + i * jb->ldacc;
+                if (part[BQ + i] != 0.0f || part[BQ + i] != part[BQ + i])
+                    for (int64_t d = 0; d < p->Dv; d++) o[d] += f * acc[d];
+            }
+            const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+            for (int64_t d = 0; d < p->Dv; d++) o[d] *= inv;
+        }
     }
 }
 
@@ -211,9 +296,43 @@ static attnx_status validate(const attnx_problem *p)
     return ATTNX_OK;
 }
 
+/* The calling thread keeps its scratch buffer between calls (freed when the
+ * thread exits), so a stream of small calls does not pay for malloc and the
+ * page faults of fresh memory every time. Worker threads allocate theirs. */
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+typedef struct { float *buf; size_t cap; } cache;
+
+static void cache_free(void *c)
+{
+    if (c) free(((cache *)c)->buf);
+    free(c);
+}
+static void cache_init(void) { (void)pthread_key_create(&cache_key, cache_free); }
+
+static void *alloc_floats(size_t n);
+
+static float *caller_buffer(size_t n)
+{
+    pthread_once(&cache_once, cache_init);
+    cache *c = pthread_getspecific(cache_key);
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c))) return NULL;
+        if (pthread_setspecific(cache_key, c) != 0) { free(c); return NULL; }
+    }
+    if (c->cap < n) {
+        float *b = alloc_floats(n);
+        if (!b) return NULL;
+        free(c->buf);
+        c->buf = b;
+        c->cap = n;
+    }
+    return c->buf;
+}
+
 static void free_scratch(scratch *scr, int n)
 {
-    for (int t = 0; t < n; t++) free(scr[t].qt);
+    for (int t = 1; t < n; t++) free(scr[t].qt);   /* [0] is the caller's cached buffer */
     free(scr);
 }
 
@@ -235,27 +354,46 @@ attnx_status attnx_forward(const attnx_problem *p)
     jb.p = p;
     jb.kt = attnx_active_kernels();
     jb.nqb = (p->Lq + BQ - 1) / BQ;
-    jb.n_items = p->B * p->Hq * jb.nqb;
     jb.ldacc = (p->Dv + 15) & ~(int64_t)15;
+    jb.partial = NULL;
     atomic_init(&jb.next, 0);
 
-    /* threads: as asked, but no more than items, and one for small problems */
+    /* threads: as asked, but one for small problems */
     int nt = p->num_threads > 0 ? p->num_threads : attnx_get_num_threads();
     const double flops = 4.0 * (double)p->B * (double)p->Hq * (double)p->Lq * (double)p->Lk
                          * (double)(p->D > 0 ? p->D : 1);
     if (flops < 2e6) nt = 1;
+
+    /* Split-K when there are too few query blocks to keep every thread busy
+     * (decoding: Lq of 1 to a few, long Lk), and never for the weights. */
+    const int64_t blocks = p->B * p->Hq * jb.nqb;
+    jb.nsplit = 1;
+    jb.kchunk = p->Lk;
+    if (nt > 1 && !p->weights && blocks < 4 * (int64_t)nt && p->Lk >= 4 * BK) {
+        int64_t want = (4 * (int64_t)nt + blocks - 1) / blocks;    /* ~4 items a thread */
+        const int64_t tiles = (p->Lk + BK - 1) / BK;
+        if (want > tiles / 2) want = tiles / 2;                    /* >= 2 tiles an item */
+        jb.kchunk = (tiles + want - 1) / want * BK;
+        jb.nsplit = (p->Lk + jb.kchunk - 1) / jb.kchunk;
+    }
+    jb.n_items = blocks * jb.nsplit;
     if (nt > jb.n_items) nt = (int)jb.n_items;
     if (nt < 1) nt = 1;
+    if (jb.nsplit > 1) {
+        size_t n;
+        if (!mul_ok((size_t)jb.n_items, 2 * BQ + BQ * (size_t)jb.ldacc, &n)) return ATTNX_ERR_OVERFLOW;
+        jb.partial = alloc_floats(n);
+        if (!jb.partial) return ATTNX_ERR_NOMEM;
+    }
 
     /* per thread: qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ) */
     size_t per;
     if (!mul_ok((size_t)p->D + BK + (size_t)jb.ldacc + 3, BQ, &per)) return ATTNX_ERR_OVERFLOW;
     jb.scr = calloc((size_t)nt, sizeof(scratch));
-    if (!jb.scr) return ATTNX_ERR_NOMEM;
+    if (!jb.scr) { free(jb.partial); return ATTNX_ERR_NOMEM; }
     for (int t = 0; t < nt; t++) {
-        float *base = alloc_floats(per);
-        if (!base) { free_scratch(jb.scr, t); return ATTNX_ERR_NOMEM; }
-        memset(base, 0, per * sizeof(float));
+        float *base = t == 0 ? caller_buffer(per) : alloc_floats(per);
+        if (!base) { free_scratch(jb.scr, t); free(jb.partial); return ATTNX_ERR_NOMEM; }
         scratch *s = &jb.scr[t];
         s->qt = base;
         s->st = s->qt + (size_t)p->D * BQ;
@@ -265,7 +403,9 @@ attnx_status attnx_forward(const attnx_problem *p)
         s->alpha = s->l + BQ;
     }
     attnx_parallel(nt, worker, &jb);
+    if (jb.nsplit > 1) merge_partials(&jb);
     free_scratch(jb.scr, nt);
+    free(jb.partial);
     return ATTNX_OK;
 }
 

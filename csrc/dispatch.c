@@ -1,6 +1,6 @@
 /* Picks the kernel table once: the widest instruction set that the CPU and
- * the OS support, unless ATTNX_ISA=scalar|avx2|avx512 asks for another (an
- * unavailable request falls back to the best available one). */
+ * the OS support, unless ATTNX_ISA=scalar|avx2|avx512|neon asks for another
+ * (an unavailable request falls back to the best available one). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +50,9 @@ static const attnx_kernels *table_for(const char *name)
     if (strcmp(name, "avx2") == 0 && cpu_has_avx2()) return &attnx_kernels_avx2;
     if (strcmp(name, "avx512") == 0 && cpu_has_avx512()) return &attnx_kernels_avx512;
 #endif
+#ifdef ATTNX_HAVE_NEON
+    if (strcmp(name, "neon") == 0) return &attnx_kernels_neon;
+#endif
     return NULL;
 }
 
@@ -58,6 +61,7 @@ static const attnx_kernels *best_table(void)
     const attnx_kernels *t = table_for(getenv("ATTNX_ISA"));
     if (t) return t;
     if ((t = table_for("avx512"))) return t;
+    if ((t = table_for("neon"))) return t;
     if ((t = table_for("avx2"))) return t;
     return &attnx_kernels_scalar;
 }

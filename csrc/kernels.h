@@ -31,6 +31,14 @@ typedef struct attnx_kernels {
     void (*qk)(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl,
                int nk, int64_t D, float *st);
 
+    /* The same scores for a few queries (decoding): dot products along D.
+     * st[j*ldq + i] = sum_d qr[i*D + d] * k[j*k_sl + d]
+     * qr: (nq, D) packed, pre-scaled query rows  k: (nk, D) rows k_sl apart  st: (nk, ldq).
+     * Used when nq <= dot_max_nq, where qk would waste most lanes of a vector. */
+    void (*qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,
+                   float *st, int64_t ldq);
+    int dot_max_nq;
+
     /* Online softmax over one tile of keys, per query i < nq:
      *   m_new = max(m[i], max_j st[j][i])   (NaN ignored here; it propagates through exp)
      *   alpha[i] = exp(m[i] - m_new'), st[j][i] = exp(st[j][i] - m_new'),
@@ -56,6 +64,10 @@ extern const attnx_kernels attnx_kernels_scalar;
 #define ATTNX_HAVE_X86 1
 extern const attnx_kernels attnx_kernels_avx2;
 extern const attnx_kernels attnx_kernels_avx512;
+#endif
+#if defined(__aarch64__)
+#define ATTNX_HAVE_NEON 1
+extern const attnx_kernels attnx_kernels_neon;
 #endif
 
 /* The kernel table in use (dispatch.c). */

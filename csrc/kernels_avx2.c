@@ -46,6 +46,15 @@ static inline __m256i mask_first_avx2(int n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
 }
 #define V_MASK(n) mask_first_avx2(n)
+
+static inline float hsum_avx2(__m256 x)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#define V_HSUM(x) hsum_avx2(x)
 #define V_LOAD_M(p, mk) _mm256_maskload_ps(p, mk)
 #define V_STORE_M(p, mk, x) _mm256_maskstore_ps(p, mk, x)
 

@@ -40,6 +40,7 @@
 #define V_ZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ), y)
 
 #define V_MASK(n) ((__mmask16)((1u << (n)) - 1u))
+#define V_HSUM(x) _mm512_reduce_add_ps(x)
 #define V_LOAD_M(p, mk) _mm512_maskz_loadu_ps(mk, p)
 #define V_STORE_M(p, mk, x) _mm512_mask_storeu_ps(p, mk, x)
 

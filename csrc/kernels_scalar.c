@@ -18,6 +18,18 @@ static void qk_scalar(const float *qt, int64_t ldq, int nq, const float *k, int6
     }
 }
 
+// qr: (nq, D)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
+static void qk_dot_scalar(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl,
+                          int nk, float *st, int64_t ldq)
+{
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            float sum = 0.0f;
+            for (int64_t d = 0; d < D; d++) sum += qr[i * D + d] * k[j * k_sl + d];
+            st[j * ldq + i] = sum;
+        }
+}
+
 // st: (nk, ldq)  m, l, alpha: (ldq)
 static void softmax_online_scalar(float *st, int64_t ldq, int nq, int nk, float *m, float *l,
                                   float *alpha)
@@ -70,5 +82,5 @@ static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int6
 }
 
 const attnx_kernels attnx_kernels_scalar = {
-    "scalar", qk_scalar, softmax_online_scalar, softmax_final_scalar, pv_scalar,
+    "scalar", qk_scalar, qk_dot_scalar, 4, softmax_online_scalar, softmax_final_scalar, pv_scalar,
 };

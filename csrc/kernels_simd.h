@@ -15,6 +15,7 @@
  *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f
  *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
  *   V_ZERO_BELOW(y, x, lo)  y where !(x < lo) (NaN kept), else 0
+ *   V_HSUM(x)  the sum of the lanes, a float
  */
 
 #define ATTNX_INLINE static inline __attribute__((always_inline))
@@ -78,6 +79,57 @@ static void SUFFIX(qk)(const float *qt, int64_t ldq, int nq, const float *k, int
             }
         }
     }
+}
+
+/* ---- scores for a few queries: dot products along D ----------------------
+ * Four keys at a time share each load of the query row; the partial vector
+ * of a row that is not a multiple of W is a masked load. */
+// qr: (nq, D)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
+static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl,
+                           int nk, float *st, int64_t ldq)
+{
+    const int64_t dfull = D / W * W;
+    const VMASK mk = V_MASK((int)(D - dfull));
+    int j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        const float *k0 = k + j * k_sl, *k1 = k0 + k_sl, *k2 = k1 + k_sl, *k3 = k2 + k_sl;
+        for (int i = 0; i < nq; i++) {
+            const float *q = qr + i * D;
+            VF a0 = V_ZERO(), a1 = V_ZERO(), a2 = V_ZERO(), a3 = V_ZERO();
+            for (int64_t d = 0; d < dfull; d += W) {
+                const VF qv = V_LOAD(q + d);
+                a0 = V_FMA(qv, V_LOAD(k0 + d), a0);
+                a1 = V_FMA(qv, V_LOAD(k1 + d), a1);
+                a2 = V_FMA(qv, V_LOAD(k2 + d), a2);
+                a3 = V_FMA(qv, V_LOAD(k3 + d), a3);
+            }
+            if (dfull < D) {
+                const VF qv = V_LOAD_M(q + dfull, mk);
+                a0 = V_FMA(qv, V_LOAD_M(k0 + dfull, mk), a0);
+                a1 = V_FMA(qv, V_LOAD_M(k1 + dfull, mk), a1);
+                a2 = V_FMA(qv, V_LOAD_M(k2 + dfull, mk), a2);
+                a3 = V_FMA(qv, V_LOAD_M(k3 + dfull, mk), a3);
+            }
+            st[j * ldq + i] = V_HSUM(a0);
+            st[(j + 1) * ldq + i] = V_HSUM(a1);
+            st[(j + 2) * ldq + i] = V_HSUM(a2);
+            st[(j + 3) * ldq + i] = V_HSUM(a3);
+        }
+    }
+    for (; j < nk; j++) {
+        const float *kj = k + j * k_sl;
+        for (int i = 0; i < nq; i++) {
+            const float *q = qr + i * D;
+            VF a0 = V_ZERO();
+            for (int64_t d = 0; d < dfull; d += W) a0 = V_FMA(V_LOAD(q + d), V_LOAD(kj + d), a0);
+            if (dfull < D) a0 = V_FMA(V_LOAD_M(q + dfull, mk), V_LOAD_M(kj + dfull, mk), a0);
+            st[j * ldq + i] = V_HSUM(a0);
+        }
+    }
+    /* the softmax works on whole vectors of queries: give the unused lanes 0 */
+    const int padded = (nq + W - 1) / W * W;
+    for (j = 0; j < nk; j++)
+        for (int i = nq; i < padded; i++) st[j * ldq + i] = 0.0f;
 }
 
 /* ---- online softmax, one query per lane ----------------------------------- */
@@ -189,5 +241,6 @@ static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int
 }
 
 const attnx_kernels SUFFIX(attnx_kernels) = {
-    SUFFIX_NAME, SUFFIX(qk), SUFFIX(softmax_online), SUFFIX(softmax_final), SUFFIX(pv),
+    SUFFIX_NAME, SUFFIX(qk), SUFFIX(qk_dot), W / 2, SUFFIX(softmax_online), SUFFIX(softmax_final),
+    SUFFIX(pv),
 };

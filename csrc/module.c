@@ -256,7 +256,7 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg)
 
 static PyObject *py_available_isas(PyObject *self, PyObject *noargs)
 {
-    static const char *names[] = {"scalar", "avx2", "avx512"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "neon"};
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {

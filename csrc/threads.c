@@ -58,7 +58,7 @@ static int env_int(const char *name)
     return (*end == '\0' && v > 0 && v <= MAX_THREADS) ? (int)v : 0;
 }
 
-static int default_threads(void)
+static int count_default_threads(void)
 {
     int n = env_int("ATTNX_NUM_THREADS");
     if (!n) n = env_int("OMP_NUM_THREADS");
@@ -71,6 +71,17 @@ static int default_threads(void)
     if (!n) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     return n > MAX_THREADS ? MAX_THREADS : n;
+}
+
+/* Read once: the environment and the affinity mask are the process's at
+ * first use (as OpenMP reads OMP_NUM_THREADS once). */
+static atomic_int default_count = 0;
+
+static int default_threads(void)
+{
+    int n = atomic_load(&default_count);
+    if (n == 0) atomic_store(&default_count, n = count_default_threads());
+    return n;
 }
 
 int attnx_get_num_threads(void)

@@ -1,0 +1,65 @@
+/* NEON kernels for aarch64: 4 floats a vector, 32 registers. NEON is part of
+ * the aarch64 baseline, so no target flag is needed; dispatch.c picks these
+ * on aarch64 unless ATTNX_ISA=scalar. */
+#include "kernels.h"
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+#define W 4
+#define VF float32x4_t
+#define VMASK int   /* NEON has no masked loads: a partial vector is copied through a buffer */
+#define SUFFIX(name) name##_neon
+#define SUFFIX_NAME "neon"
+#define QK_MR 8   /* 8 keys x 2 vectors: 16 accumulators */
+#define QK_NV 2
+#define PV_MR 6   /* 6 queries x 3 vectors: 18 accumulators */
+#define PV_NV 3
+
+#define V_LOAD(p) vld1q_f32(p)
+#define V_STORE(p, x) vst1q_f32(p, x)
+#define V_SET1(f) vdupq_n_f32(f)
+#define V_BCAST(p) vld1q_dup_f32(p)
+#define V_ZERO() vdupq_n_f32(0.0f)
+#define V_FMA(a, b, c) vfmaq_f32(c, a, b)
+#define V_MUL(a, b) vmulq_f32(a, b)
+#define V_ADD(a, b) vaddq_f32(a, b)
+#define V_SUB(a, b) vsubq_f32(a, b)
+#define V_MAX(x, m) vbslq_f32(vcgtq_f32(x, m), x, m) /* (x > m) ? x : m: a NaN x leaves m */
+#define V_MIN(a, b) vbslq_f32(vcltq_f32(a, b), a, b)
+#define V_SEL_EQ(a, b, t, f) vbslq_f32(vceqq_f32(a, b), t, f)
+#define V_ROUND(x) vrndnq_f32(x)
+#define V_POW2(n) \
+    vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23))
+#define V_ZERO_BELOW(y, x, lo) \
+    vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), vcltq_f32(x, vdupq_n_f32(lo))))
+#define V_HSUM(x) vaddvq_f32(x)
+
+static inline float32x4_t load_first_neon(const float *p, int n)
+{
+    float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < n; i++) tmp[i] = p[i];
+    return vld1q_f32(tmp);
+}
+static inline void store_first_neon(float *p, int n, float32x4_t x)
+{
+    float tmp[4];
+    vst1q_f32(tmp, x);
+    for (int i = 0; i < n; i++) p[i] = tmp[i];
+}
+#define V_MASK(n) (n)
+#define V_LOAD_M(p, n) load_first_neon(p, n)
+#define V_STORE_M(p, n, x) store_first_neon(p, n, x)
+
+#define QK_CASES                                                                   \
+    QK_CASE(1, 1) QK_CASE(1, 2) QK_CASE(2, 1) QK_CASE(2, 2) QK_CASE(3, 1) QK_CASE(3, 2) \
+    QK_CASE(4, 1) QK_CASE(4, 2) QK_CASE(5, 1) QK_CASE(5, 2) QK_CASE(6, 1) QK_CASE(6, 2) \
+    QK_CASE(7, 1) QK_CASE(7, 2) QK_CASE(8, 1) QK_CASE(8, 2)
+#define PV_CASES                                                                   \
+    PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) \
+    PV_CASE(3, 1) PV_CASE(3, 2) PV_CASE(3, 3) PV_CASE(4, 1) PV_CASE(4, 2) PV_CASE(4, 3) \
+    PV_CASE(5, 1) PV_CASE(5, 2) PV_CASE(5, 3) PV_CASE(6, 1) PV_CASE(6, 2) PV_CASE(6, 3)
+
+#include "kernels_simd.h"
+
+#endif

@@ -1,0 +1,201 @@
+/* Plain C test of the attnx core, no Python: every compiled-in instruction
+ * set against a naive double-precision attention, on random problems with
+ * masks, causal modes, lengths, GQA, odd sizes and strided views.
+ *
+ *   cc -std=c11 -O2 -Icsrc csrc/attention.c csrc/dispatch.c csrc/threads.c \
+ *      csrc/kernels_*.c tests/c/test_core.c -lm -lpthread && ./a.out
+ *
+ * Ends with the line "N passed, M failed"; exits 1 on any failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnx.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static double urand(void)   /* xorshift64*, uniform in [0, 1) */
+{
+    rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+}
+static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
+static int64_t irand(int64_t n) { return (int64_t)(urand() * (double)n); }
+
+/* Naive attention in double: out (B, Hq, Lq, Dv), contiguous. */
+static void naive(const attnx_problem *p, double *out)
+{
+    double *s = malloc(sizeof(double) * (size_t)(p->Lk + 1));
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->Hq; h++) {
+            const int64_t hk = h / (p->Hq / p->Hk);
+            const int64_t kl = p->key_lengths ? p->key_lengths[b * p->kl_sb + h * p->kl_sh] : p->Lk;
+            const int64_t ql = p->query_lengths ? p->query_lengths[b * p->ql_sb + h * p->ql_sh] : p->Lq;
+            for (int64_t i = 0; i < p->Lq; i++) {
+                double *o = out + ((b * p->Hq + h) * p->Lq + i) * p->Dv;
+                for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0;
+                if (i >= ql) continue;
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < p->Lk; j++) {
+                    int ok = j < kl;
+                    if (p->causal == ATTNX_CAUSAL_UPPER_LEFT) ok &= j <= i;
+                    if (p->causal == ATTNX_CAUSAL_LOWER_RIGHT) ok &= j <= i + p->Lk - p->Lq;
+                    const int64_t mo = b * p->mask_sb + h * p->mask_sh + i * p->mask_sq + j * p->mask_sk;
+                    if (p->mask_kind == ATTNX_MASK_BOOL) ok &= ((const unsigned char *)p->mask)[mo] != 0;
+                    double x = -INFINITY;
+                    if (ok) {
+                        x = 0.0;
+                        const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
+                        const float *k = p->k.data + b * p->k.sb + hk * p->k.sh + j * p->k.sl;
+                        for (int64_t d = 0; d < p->D; d++) x += (double)q[d] * k[d];
+                        x *= p->scale;
+                        if (p->mask_kind == ATTNX_MASK_FLOAT) x += ((const float *)p->mask)[mo];
+                    }
+                    s[j] = x;
+                    if (x > mx) mx = x;
+                }
+                if (mx == -INFINITY) continue;
+                double sum = 0.0;
+                for (int64_t j = 0; j < p->Lk; j++) sum += (s[j] = exp(s[j] - mx));
+                for (int64_t j = 0; j < p->Lk; j++) {
+                    if (s[j] == 0.0) continue;
+                    const float *v = p->v.data + b * p->v.sb + hk * p->v.sh + j * p->v.sl;
+                    for (int64_t d = 0; d < p->Dv; d++) o[d] += s[j] / sum * v[d];
+                }
+            }
+        }
+    free(s);
+}
+
+static float *fill(size_t n)
+{
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = nrand();
+    return x;
+}
+
+static int passed = 0, failed = 0;
+
+static void run_case(int t)
+{
+    attnx_problem p;
+    memset(&p, 0, sizeof p);
+    static const int64_t sizes[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 267};
+    const int ns = sizeof sizes / sizeof *sizes;
+    p.B = 1 + irand(2);
+    p.Hk = 1 + irand(2);
+    p.Hq = p.Hk * (1 + irand(3));
+    p.Lq = sizes[irand(ns)];
+    p.Lk = t % 5 == 0 ? 600 + irand(900) : sizes[irand(ns)];   /* long keys: split-K */
+    if (t % 5 == 0) p.Lq = 1 + irand(3);
+    p.D = sizes[irand(ns - 4)];
+    p.Dv = sizes[irand(ns - 4)];
+    const int64_t pad = irand(3);                  /* rows longer than needed: strided views */
+    float *q = fill((size_t)(p.B * p.Hq * p.Lq * (p.D + pad)));
+    float *k = fill((size_t)(p.B * p.Hk * p.Lk * (p.D + pad)));
+    float *v = fill((size_t)(p.B * p.Hk * p.Lk * (p.Dv + pad)));
+    p.q = (attnx_tensor){q, p.Hq * p.Lq * (p.D + pad), p.Lq * (p.D + pad), p.D + pad};
+    p.k = (attnx_tensor){k, p.Hk * p.Lk * (p.D + pad), p.Lk * (p.D + pad), p.D + pad};
+    p.v = (attnx_tensor){v, p.Hk * p.Lk * (p.Dv + pad), p.Lk * (p.Dv + pad), p.Dv + pad};
+    const size_t nout = (size_t)(p.B * p.Hq * p.Lq * p.Dv);
+    float *out = malloc(sizeof(float) * (nout ? nout : 1));
+    p.out = out;
+    p.out_sb = p.Hq * p.Lq * p.Dv; p.out_sh = p.Lq * p.Dv; p.out_sl = p.Dv;
+    p.scale = 1.0f / sqrtf((float)p.D);
+    p.causal = (int)irand(3);
+
+    void *mask = NULL;
+    p.mask_kind = (int)irand(3);
+    if (p.mask_kind != ATTNX_MASK_NONE) {   /* (Lq, Lk) broadcast over batch and heads, or per key */
+        const int per_key = (int)irand(2);
+        const size_t n = (size_t)(p.Lq * p.Lk);
+        if (p.mask_kind == ATTNX_MASK_BOOL) {
+            unsigned char *m = malloc(n);
+            for (size_t i = 0; i < n; i++) m[i] = urand() > 0.3;
+            mask = m;
+        } else {
+            float *m = malloc(sizeof(float) * n);
+            for (size_t i = 0; i < n; i++) m[i] = urand() > 0.3 ? nrand() : -INFINITY;
+            mask = m;
+        }
+        p.mask = mask;
+        p.mask_sq = per_key ? 0 : p.Lk;
+        p.mask_sk = 1;
+    }
+    int64_t *kl = NULL, *ql = NULL;
+    if (irand(2)) {
+        kl = malloc(sizeof(int64_t) * (size_t)p.B);
+        for (int64_t b = 0; b < p.B; b++) kl[b] = irand(p.Lk + 1);
+        p.key_lengths = kl; p.kl_sb = 1; p.kl_sh = 0;
+    }
+    if (irand(3) == 0) {
+        ql = malloc(sizeof(int64_t) * (size_t)p.B);
+        for (int64_t b = 0; b < p.B; b++) ql[b] = irand(p.Lq + 1);
+        p.query_lengths = ql; p.ql_sb = 1; p.ql_sh = 0;
+    }
+    p.num_threads = 1 + (int)irand(3);
+
+    double *ref = malloc(sizeof(double) * (nout ? nout : 1));
+    naive(&p, ref);
+    static const char *isas[] = {"scalar", "avx2", "avx512", "neon"};
+    for (int s = 0; s < 4; s++) {
+        if (!attnx_isa_available(isas[s])) continue;
+        attnx_set_isa(isas[s]);
+        for (size_t i = 0; i < nout; i++) out[i] = NAN;
+        const attnx_status st = attnx_forward(&p);
+        double worst = 0.0;
+        int bad = st != ATTNX_OK;
+        for (size_t i = 0; i < nout && !bad; i++) {
+            const double err = fabs(out[i] - ref[i]);
+            if (!(err <= 1e-5 + 5e-6 * fabs(ref[i]))) bad = 1;
+            if (err > worst) worst = err;
+        }
+        if (bad) {
+            failed++;
+            printf("FAIL case %d isa %s: B=%lld Hq=%lld Hk=%lld Lq=%lld Lk=%lld D=%lld Dv=%lld mask=%d "
+                   "causal=%d kl=%d ql=%d threads=%d status=%s worst=%g\n", t, isas[s],
+                   (long long)p.B, (long long)p.Hq, (long long)p.Hk, (long long)p.Lq, (long long)p.Lk,
+                   (long long)p.D, (long long)p.Dv, p.mask_kind, p.causal, kl != NULL, ql != NULL,
+                   p.num_threads, attnx_strerror(st), worst);
+        } else {
+            passed++;
+        }
+    }
+    free(q); free(k); free(v); free(out); free(ref); free(mask); free(kl); free(ql);
+}
+
+static void check_errors(void)
+{
+    attnx_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = 1; p.Hq = 3; p.Hk = 2; p.Lq = 1; p.Lk = 1; p.D = 1; p.Dv = 1; p.scale = 1.0f;
+    float x = 1.0f, out = 0.0f;
+    p.q.data = p.k.data = p.v.data = &x;
+    p.out = &out;
+    int ok = attnx_forward(&p) == ATTNX_ERR_SHAPE;          /* 3 heads over 2 */
+    p.Hq = 2;
+    ok &= attnx_forward(&p) == ATTNX_OK;
+    p.scale = INFINITY;
+    ok &= attnx_forward(&p) == ATTNX_ERR_ARG;
+    p.scale = 1.0f;
+    int64_t len = 2;
+    p.key_lengths = &len;
+    ok &= attnx_forward(&p) == ATTNX_ERR_LENGTH;             /* past Lk */
+    p.key_lengths = NULL;
+    p.q.data = NULL;
+    ok &= attnx_forward(&p) == ATTNX_ERR_NULL;
+    ok &= attnx_forward(NULL) == ATTNX_ERR_NULL;
+    ok &= attnx_set_isa("no-such-isa") == ATTNX_ERR_ISA;
+    if (ok) passed++;
+    else { failed++; printf("FAIL error codes\n"); }
+}
+
+int main(int argc, char **argv)
+{
+    const int n = argc > 1 ? atoi(argv[1]) : 300;
+    printf("attnx core test: default ISA %s, %d random cases\n", attnx_isa_name(), n);
+    check_errors();
+    for (int t = 0; t < n; t++) run_case(t);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

@@ -1,0 +1,147 @@
+"""Threads and processes: the C core's own threads, many Python threads at
+once, and a child made by fork() after the parent used attnx."""
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import attnx
+
+
+def _inputs(B=2, H=4, Lq=130, Lk=300, D=40, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((B, H, Lq, D), dtype=np.float32),
+            rng.standard_normal((B, H, Lk, D), dtype=np.float32),
+            rng.standard_normal((B, H, Lk, D), dtype=np.float32))
+
+
+@pytest.fixture
+def restore_threads():
+    yield
+    attnx.set_num_threads(0)
+
+
+def test_set_and_get_num_threads(restore_threads):
+    default = attnx.get_num_threads()
+    assert default >= 1
+    attnx.set_num_threads(3)
+    assert attnx.get_num_threads() == 3
+    attnx.set_num_threads(0)
+    assert attnx.get_num_threads() == default
+
+
+def test_num_threads_from_environment():
+    code = "import attnx; print(attnx.get_num_threads())"
+    for env, want in ({"ATTNX_NUM_THREADS": "3"}, "3"), ({"OMP_NUM_THREADS": "5"}, "5"), \
+                     ({"ATTNX_NUM_THREADS": "2", "OMP_NUM_THREADS": "7"}, "2"):
+        e = {k: v for k, v in os.environ.items() if k not in ("ATTNX_NUM_THREADS", "OMP_NUM_THREADS")}
+        e.update(env)
+        res = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                             check=True)
+        assert res.stdout.strip() == want
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 130, 300, 40), (1, 1, 1, 5000, 64), (1, 2, 3, 2000, 17)])
+def test_same_result_for_any_thread_count(shape, restore_threads):
+    """Each query block is computed by one thread in a fixed order, so the
+    thread count cannot change a bit; decoding shapes split the keys across
+    threads (split-K), which reorders sums: close, not identical."""
+    B, H, Lq, Lk, D = shape
+    q, k, v = _inputs(B, H, Lq, Lk, D)
+    attnx.set_num_threads(1)
+    one = attnx.scaled_dot_product_attention(q, k, v, is_causal="lower_right")
+    ref = attnx.reference(q, k, v, is_causal="lower_right")
+    for n in (2, 3, 8):
+        attnx.set_num_threads(n)
+        many = attnx.scaled_dot_product_attention(q, k, v, is_causal="lower_right")
+        if Lq >= 64:
+            np.testing.assert_array_equal(many, one)
+        np.testing.assert_allclose(many, ref, atol=1e-5, rtol=5e-6)
+
+
+def test_many_python_threads_at_once(restore_threads):
+    """Python threads started together by a Barrier, the GIL released in C:
+    every result equals the serial one, also while the thread count changes."""
+    cases = [_inputs(seed=s) for s in range(6)]
+    serial = [attnx.scaled_dot_product_attention(q, k, v, is_causal=True) for q, k, v in cases]
+    n = 12
+    barrier = threading.Barrier(n)
+    results, errors = {}, []
+
+    def work(t):
+        try:
+            barrier.wait()
+            for rep in range(5):
+                idx = (t + rep) % len(cases)
+                q, k, v = cases[idx]
+                if t == 0:
+                    attnx.set_num_threads(1 + rep % 3)
+                out = attnx.scaled_dot_product_attention(q, k, v, is_causal=True)
+                results[(t, rep)] = (idx, out)
+        except BaseException as exc:   # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors
+    assert len(results) == n * 5
+    for idx, out in results.values():
+        np.testing.assert_array_equal(out, serial[idx])
+
+
+def test_gil_released_while_computing():
+    """While one thread is inside a long attention call, another Python
+    thread keeps running (it would be blocked if the GIL were held)."""
+    q, k, v = _inputs(1, 8, 1024, 1024, 64)
+    ticks = []
+    done = threading.Event()
+
+    def counter():
+        while not done.is_set():
+            ticks.append(1)
+            done.wait(0.0005)
+
+    th = threading.Thread(target=counter)
+    th.start()
+    try:
+        before = len(ticks)
+        for _ in range(3):
+            attnx.scaled_dot_product_attention(q, k, v)
+        during = len(ticks) - before
+    finally:
+        done.set()
+        th.join()
+    assert during > 5
+
+
+def _child(conn, q, k, v):
+    conn.send(attnx.scaled_dot_product_attention(q, k, v, is_causal=True))
+    conn.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32" or "fork" not in multiprocessing.get_all_start_methods(),
+                    reason="no fork() here")
+def test_child_after_fork(restore_threads):
+    """attnx keeps no thread pool between calls, so a child made by fork()
+    after the parent ran multi-threaded calls computes normally (libgomp's
+    pool is known to hang there)."""
+    q, k, v = _inputs(1, 8, 256, 256, 64)
+    attnx.set_num_threads(2)
+    parent = attnx.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ctx = multiprocessing.get_context("fork")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_child, args=(b, q, k, v))
+    p.start()
+    assert a.poll(60), "the child did not answer within 60 s"
+    child = a.recv()
+    p.join(10)
+    assert p.exitcode == 0
+    np.testing.assert_array_equal(child, parent)
