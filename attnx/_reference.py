@@ -14,6 +14,8 @@ Semantics (shared with the C core):
   ``-inf`` sums to zero and gives zeros, never NaN); NaN propagates.
 * a row with no allowed key, or with all allowed scores ``-inf``, gives zeros
   in the output and in the weights; query rows past ``query_lengths`` too.
+* keys with zero weight add nothing to the output, even when their values
+  hold inf or NaN (padding may hold anything); NaN weights propagate.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
     v = np.asarray(v, dtype=np.float64)
     B, Hq, Lq, E = q.shape
     Hk, Lk = k.shape[1], k.shape[2]
-    group = Hq // Hk
+    group = Hq // Hk if Hk else 1
     k = np.repeat(k, group, axis=1)
     v = np.repeat(v, group, axis=1)
     if scale is None:
@@ -82,25 +84,25 @@ def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
         w = np.where(s == 0, 0.0, p / np.where(s == 0, 1.0, s))
         w = np.where(row_ok, w, 0.0)
         # masked keys contribute nothing, whatever their values hold
-        out = _weighted_sum(w, allowed & row_ok, v)
+        out = _weighted_sum(w, v)
     return out, w
 
 
-def _weighted_sum(w, allowed, v):
-    """out[..., i, :] = sum over allowed j of w[..., i, j] * v[..., j, :].
+def _weighted_sum(w, v):
+    """out[..., i, :] = sum over j with w[..., i, j] != 0 of w[..., i, j] * v[..., j, :].
 
-    Keys that are not allowed are left out of the sum entirely, so an inf or
-    NaN in a masked value cannot leak into the output (0 * inf would be NaN).
+    Keys with zero weight (masked, padded, or -inf scores) are left out of the
+    sum entirely, so an inf or NaN in their values cannot leak into the output
+    (0 * inf would be NaN). NaN weights are kept: they propagate.
     """
-    finite_v = np.isfinite(v).all()
-    if finite_v:
+    if np.isfinite(v).all():
         return np.matmul(w, v)
     B, H, Lq, Lk = w.shape
     out = np.zeros((B, H, Lq, v.shape[-1]))
     for b in range(B):
         for h in range(H):
             for i in range(Lq):
-                sel = allowed[b, h, i]
+                sel = w[b, h, i] != 0
                 out[b, h, i] = w[b, h, i, sel] @ v[b, h, sel]
     return out
 

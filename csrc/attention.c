@@ -113,6 +113,44 @@ static void tile_scores(const job *jb, const scratch *s, int64_t b, int64_t h, c
     apply_masks(p, b, h, i0, nq, j0, nk, offset, s->st);
 }
 
+static int row_finite(const float *o, int64_t n)
+{
+    float acc = 0.0f;
+    for (int64_t d = 0; d < n; d++) acc += o[d] - o[d];   /* NaN iff some o[d] is inf or NaN */
+    return acc == 0.0f;
+}
+
+/* An output row that came out inf or NaN although its softmax sum l is finite
+ * and non-zero: an inf or NaN value met a zero weight (0 * inf = NaN in the
+ * kernels' FMAs), e.g. in a masked or padded key. Recompute it exactly, adding
+ * only keys whose weight is non-zero, so that a key that gets no weight never
+ * leaks into the result, whatever its value holds. Rare: scalar code.
+ * o: (Dv) row i of head (b, h); m, l: the row's final max and sum. */
+static void repair_row(const attnx_problem *p, int64_t b, int64_t h, int64_t i, float m, float l,
+                       float *o)
+{
+    if (!(l > 0.0f && l < INFINITY) || row_finite(o, p->Dv)) return;
+    const int64_t hk = h / (p->Hq / p->Hk);
+    const int64_t offset = p->causal == ATTNX_CAUSAL_LOWER_RIGHT ? p->Lk - p->Lq : 0;
+    int64_t kend = p->key_lengths ? p->key_lengths[b * p->kl_sb + h * p->kl_sh] : p->Lk;
+    if (p->causal != ATTNX_CAUSAL_NONE) kend = min64(kend, max64(0, i + offset + 1));
+    const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
+    const float msub = m == -INFINITY ? 0.0f : m, inv = 1.0f / l;
+    for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
+    for (int64_t j = 0; j < kend; j++) {
+        const int64_t mo = b * p->mask_sb + h * p->mask_sh + i * p->mask_sq + j * p->mask_sk;
+        if (p->mask_kind == ATTNX_MASK_BOOL && !((const unsigned char *)p->mask)[mo]) continue;
+        const float *k = p->k.data + b * p->k.sb + hk * p->k.sh + j * p->k.sl;
+        float s = 0.0f;
+        for (int64_t d = 0; d < p->D; d++) s += p->scale * q[d] * k[d];
+        if (p->mask_kind == ATTNX_MASK_FLOAT) s += ((const float *)p->mask)[mo];
+        const float w = attnx_expf(s - msub) * inv;
+        if (w == 0.0f) continue;
+        const float *v = p->v.data + b * p->v.sb + hk * p->v.sh + j * p->v.sl;
+        for (int64_t d = 0; d < p->Dv; d++) o[d] += w * v[d];
+    }
+}
+
 // one item: queries i0 .. i0+BQ-1 of head (b, h), against one range of keys
 static void run_item(job *jb, scratch *s, int64_t item)
 {
@@ -171,6 +209,7 @@ static void run_item(job *jb, scratch *s, int64_t item)
         for (int i = 0; i < nq; i++) {      /* normalise once; nothing allowed: zeros */
             const float inv = s->l[i] == 0.0f ? 0.0f : 1.0f / s->l[i];
             for (int64_t d = 0; d < p->Dv; d++) out[i * p->out_sl + d] = s->acc[i * jb->ldacc + d] * inv;
+            repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
         }
         return;
     }
@@ -198,6 +237,7 @@ static void run_item(job *jb, scratch *s, int64_t item)
         const int none = s->l[i] == 0.0f;
         for (int64_t d = 0; d < p->Dv; d++)
             out[i * p->out_sl + d] = none ? 0.0f : s->acc[i * jb->ldacc + d];
+        repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
     }
 }
 
@@ -234,6 +274,7 @@ static void merge_partials(const job *jb)
             }
             const float inv = l == 0.0f ? 0.0f : 1.0f / l;
             for (int64_t d = 0; d < p->Dv; d++) o[d] *= inv;
+            repair_row(p, b, h, i0 + i, M, l, o);
         }
     }
 }
