@@ -1,14 +1,31 @@
-/* Threads for one call: the caller runs tid 0 and n-1 POSIX threads run the
- * rest; all are joined before returning. Nothing outlives a call, so there is
- * no pool to break in a child after fork() (libgomp's pool can hang there).
+/* A small persistent pool of POSIX threads that run one parallel section at
+ * a time: attnx_parallel(n, fn, arg) runs fn(arg, 0) on the caller and
+ * fn(arg, t) for t = 1 .. n-1 on workers, and returns when all are done.
  *
- * The default count comes from ATTNX_NUM_THREADS, else OMP_NUM_THREADS, else
- * the CPUs this process may run on. */
+ * Why a pool: creating a thread costs ~50 us here and waking an idle vCPU as
+ * much again, which made two threads slower than one below L ~ 256. Workers
+ * spin for a short while after each section (ATTNX_SPIN_US, default 100 us)
+ * so that back-to-back calls find them awake, then sleep on a condition
+ * variable.
+ *
+ * fork(): a child has none of the parent's workers. pthread_atfork handlers
+ * hold the pool's lock across fork() and reset the pool in the child, which
+ * then starts workers of its own on its first parallel call (libgomp's pool
+ * is known to hang there instead).
+ *
+ * Several Python threads may call at once (the GIL is released): one owns the
+ * pool for its section, the others run their section alone on their own
+ * thread, which is always correct since workers take items from a shared
+ * counter.
+ *
+ * The default thread count comes from ATTNX_NUM_THREADS, else
+ * OMP_NUM_THREADS, else the CPUs this process may run on. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "attnx.h"
@@ -16,35 +33,149 @@
 
 #define MAX_THREADS 256
 
-typedef struct {
-    void (*fn)(void *, int);
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;        /* workers: a new section is posted */
+    pthread_cond_t done;        /* the owner: the last worker has finished */
+    int started;                /* workers alive, tids 1 .. started */
+    unsigned long gen;          /* section number, under mu */
+    atomic_ulong agen;          /* the same, for spinning readers */
+    void (*fn)(void *, int);    /* the section, under mu */
     void *arg;
-    int tid;
-} start;
+    int n;                      /* its participants, owner included */
+    atomic_int pending;         /* workers of the section yet to finish */
+    atomic_int busy;            /* 1 while a caller owns the pool */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+           0, 0, 0, NULL, NULL, 0, 0, 0};
 
-static void *trampoline(void *x)
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static long spin_ns = 100000;
+
+static inline void cpu_relax(void)
 {
-    start *s = x;
-    s->fn(s->arg, s->tid);
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Spin until the section number differs from old, for at most spin_ns: 1 if it did. */
+static int spin_until_gen_changes(unsigned long old)
+{
+    const long t0 = now_ns();
+    for (int i = 1;; i++) {
+        if (atomic_load_explicit(&pool.agen, memory_order_acquire) != old) return 1;
+        cpu_relax();
+        if ((i & 63) == 0 && now_ns() - t0 > spin_ns) return 0;
+    }
+}
+
+/* The section number when worker t was created: its first section is the next one. */
+static unsigned long start_gen[MAX_THREADS];
+
+static void *worker_main(void *x)
+{
+    const int tid = (int)(intptr_t)x;
+    pthread_mutex_lock(&pool.mu);
+    unsigned long seen = start_gen[tid];
+    pthread_mutex_unlock(&pool.mu);
+    for (;;) {
+        spin_until_gen_changes(seen);
+        pthread_mutex_lock(&pool.mu);
+        while (pool.gen == seen) pthread_cond_wait(&pool.wake, &pool.mu);
+        seen = pool.gen;                       /* read the section with its number */
+        void (*fn)(void *, int) = pool.fn;
+        void *arg = pool.arg;
+        const int take = tid < pool.n;
+        pthread_mutex_unlock(&pool.mu);
+        if (!take) continue;
+        fn(arg, tid);
+        if (atomic_fetch_sub(&pool.pending, 1) == 1) {
+            pthread_mutex_lock(&pool.mu);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.mu);
+        }
+    }
     return NULL;
+}
+
+static void before_fork(void) { pthread_mutex_lock(&pool.mu); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&pool.mu); }
+static void after_fork_child(void)
+{
+    /* the workers did not come along: start afresh */
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.started = 0;
+    atomic_store(&pool.pending, 0);
+    atomic_store(&pool.busy, 0);
+}
+
+static void pool_init(void)
+{
+    const char *s = getenv("ATTNX_SPIN_US");
+    if (s && *s) {
+        char *end;
+        const long us = strtol(s, &end, 10);
+        if (*end == '\0' && us >= 0 && us <= 1000000) spin_ns = us * 1000;
+    }
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
 void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg)
 {
-    if (n <= 1) { fn(arg, 0); return; }
-    if (n > MAX_THREADS) n = MAX_THREADS;
-    pthread_t th[MAX_THREADS];
-    start st[MAX_THREADS];
-    int started[MAX_THREADS];
-    for (int t = 1; t < n; t++) {
-        st[t].fn = fn; st[t].arg = arg; st[t].tid = t;
-        /* a thread that cannot start leaves its share to the others: the
-         * workers take items from a shared counter until none are left */
-        started[t] = pthread_create(&th[t], NULL, trampoline, &st[t]) == 0;
+    int expected = 0;
+    if (n <= 1 || !atomic_compare_exchange_strong(&pool.busy, &expected, 1)) {
+        fn(arg, 0);                            /* alone, or the pool is someone else's */
+        return;
     }
+    pthread_once(&pool_once, pool_init);
+    if (n > MAX_THREADS) n = MAX_THREADS;
+
+    pthread_mutex_lock(&pool.mu);
+    while (pool.started < n - 1) {             /* grow the pool on demand */
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        start_gen[pool.started + 1] = pool.gen;
+        const int ok = pthread_create(&th, &attr, worker_main, (void *)(intptr_t)(pool.started + 1)) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) break;                        /* fewer helpers: the counter shares the work */
+        pool.started++;
+    }
+    const int helpers = n - 1 < pool.started ? n - 1 : pool.started;
+    pool.fn = fn;
+    pool.arg = arg;
+    pool.n = helpers + 1;
+    atomic_store(&pool.pending, helpers);
+    pool.gen++;
+    atomic_store_explicit(&pool.agen, pool.gen, memory_order_release);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mu);
+
     fn(arg, 0);
-    for (int t = 1; t < n; t++)
-        if (started[t]) pthread_join(th[t], NULL);
+
+    const long t0 = now_ns();
+    for (int i = 1; atomic_load(&pool.pending) > 0; i++) {
+        cpu_relax();
+        if ((i & 63) == 0 && now_ns() - t0 > spin_ns) {
+            pthread_mutex_lock(&pool.mu);
+            while (atomic_load(&pool.pending) > 0) pthread_cond_wait(&pool.done, &pool.mu);
+            pthread_mutex_unlock(&pool.mu);
+            break;
+        }
+    }
+    atomic_store(&pool.busy, 0);
 }
 
 static atomic_int requested = 0;   /* 0: the default */
