@@ -85,7 +85,7 @@ static void apply_masks(const attnx_problem *p, int64_t b, int64_t h, int64_t i0
 static int use_dot(const job *jb, int nq) { return nq <= jb->kt->dot_max_nq; }
 
 /* Pack the queries of an item, pre-scaled: for few queries as rows
- * qr (nq, D), else transposed qt (D, BQ) with zero padding columns. */
+ * qr (nq, D), else transposed qt (D, BQ), zero-padded to a whole vector. */
 static void pack_queries(const job *jb, const scratch *s, const float *q, int nq)
 {
     const attnx_problem *p = jb->p;
@@ -94,10 +94,11 @@ static void pack_queries(const job *jb, const scratch *s, const float *q, int nq
             for (int64_t d = 0; d < p->D; d++) s->qt[i * p->D + d] = p->scale * q[i * p->q.sl + d];
         return;
     }
+    const int padded = (nq + 15) & ~15;   /* qk reads whole vectors of up to 16 columns */
     for (int64_t d = 0; d < p->D; d++) {
         float *qd = s->qt + d * BQ;
         for (int i = 0; i < nq; i++) qd[i] = p->scale * q[i * p->q.sl + d];
-        for (int i = nq; i < BQ; i++) qd[i] = 0.0f;
+        for (int i = nq; i < padded; i++) qd[i] = 0.0f;
     }
 }
 
@@ -115,9 +116,13 @@ static void tile_scores(const job *jb, const scratch *s, int64_t b, int64_t h, c
 
 static int row_finite(const float *o, int64_t n)
 {
-    float acc = 0.0f;
-    for (int64_t d = 0; d < n; d++) acc += o[d] - o[d];   /* NaN iff some o[d] is inf or NaN */
-    return acc == 0.0f;
+    uint32_t bad = 0;      /* an all-ones exponent is inf or NaN; OR-reduced, so it vectorises */
+    for (int64_t d = 0; d < n; d++) {
+        uint32_t x;
+        memcpy(&x, &o[d], sizeof x);
+        bad |= (x & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
 }
 
 /* An output row that came out inf or NaN although its softmax sum l is finite
