@@ -177,7 +177,12 @@ static void run_item(job *jb, scratch *s, int64_t item)
 
     float *out = p->out + b * p->out_sb + h * p->out_sh + i0 * p->out_sl;
     float *w = p->weights ? p->weights + ((b * p->Hq + h) * p->Lq + i0) * p->Lk : NULL;
-    if (w) memset(w, 0, sizeof(float) * (size_t)rows * (size_t)p->Lk);
+    if (w) {   /* zero what no tile will write: keys past kend, rows past nq */
+        for (int i = 0; i < rows; i++) {
+            const int64_t from = i < nq ? kend : 0;
+            memset(w + i * p->Lk + from, 0, sizeof(float) * (size_t)(p->Lk - from));
+        }
+    }
     if (split == 0)
         for (int i = nq; i < rows; i++) memset(out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
 
@@ -234,8 +239,8 @@ static void run_item(job *jb, scratch *s, int64_t item)
         const int nk = (int)min64(BK, kend - j0);
         tile_scores(jb, s, b, h, k, i0, nq, j0, nk, offset);
         kt->softmax_final(s->st, BQ, nq, nk, s->m, inv_l);
-        for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++) w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
+        for (int i = 0; i < nq; i++)         /* transpose: contiguous stores, reads in L1 */
+            for (int j = 0; j < nk; j++) w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
         kt->pv(s->st, BQ, nq, v + j0 * p->v.sl, p->v.sl, nk, p->Dv, NULL, s->acc, jb->ldacc);
     }
     for (int i = 0; i < nq; i++) {
