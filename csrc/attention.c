@@ -59,27 +59,15 @@ static void apply_masks(const attnx_problem *p, int64_t b, int64_t h, int64_t i0
                 st[j * BQ + i] = -INFINITY;
         }
     }
-    if (p->mask_kind == ATTNX_MASK_BOOL) {
-        const unsigned char *mb = (const unsigned char *)p->mask + b * p->mask_sb + h * p->mask_sh
-                                  + i0 * p->mask_sq + j0 * p->mask_sk;
-        for (int i = 0; i < nq; i++) {     /* a select, not a branch: masks are often random */
-            const unsigned char *row = mb + i * p->mask_sq;
-            for (int j = 0; j < nk; j++) {
-                uint32_t x;
-                memcpy(&x, &st[j * BQ + i], sizeof x);
-                const uint32_t keep = 0u - (uint32_t)(row[j * p->mask_sk] != 0);
-                x = (x & keep) | (0xff800000u & ~keep);          /* -inf where blocked */
-                memcpy(&st[j * BQ + i], &x, sizeof x);
-            }
-        }
-    } else if (p->mask_kind == ATTNX_MASK_FLOAT) {
-        const float *mf = (const float *)p->mask + b * p->mask_sb + h * p->mask_sh
-                          + i0 * p->mask_sq + j0 * p->mask_sk;
-        for (int i = 0; i < nq; i++) {
-            const float *row = mf + i * p->mask_sq;
-            for (int j = 0; j < nk; j++) st[j * BQ + i] += row[j * p->mask_sk];
-        }
-    }
+    if (p->mask_kind == ATTNX_MASK_NONE) return;
+    /* the SIMD mask kernels gather with int32 offsets; huge strides take the scalar path */
+    const int64_t reach = (p->mask_sq < 0 ? -p->mask_sq : p->mask_sq) * BQ;
+    const attnx_kernels *kt = reach < INT32_MAX ? attnx_active_kernels() : &attnx_kernels_scalar;
+    const int64_t at = b * p->mask_sb + h * p->mask_sh + i0 * p->mask_sq + j0 * p->mask_sk;
+    if (p->mask_kind == ATTNX_MASK_BOOL)
+        kt->mask_bool(st, BQ, nq, nk, (const unsigned char *)p->mask + at, p->mask_sq, p->mask_sk);
+    else
+        kt->mask_float(st, BQ, nq, nk, (const float *)p->mask + at, p->mask_sq, p->mask_sk);
 }
 
 static int use_dot(const job *jb, int nq) { return nq <= jb->kt->dot_max_nq; }

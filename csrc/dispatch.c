@@ -37,8 +37,8 @@ static int cpu_has_avx512(void)
     const int f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     return f && bw && vl;
 }
-#else
-static int cpu_has_avx2(void) { return 0; }
+#elif defined(ATTNX_HAVE_X86)
+static int cpu_has_avx2(void) { return 0; }      /* no cpuid.h: stay on the scalar path */
 static int cpu_has_avx512(void) { return 0; }
 #endif
 

@@ -53,6 +53,15 @@ typedef struct attnx_kernels {
     void (*softmax_final)(float *st, int64_t ldq, int nq, int nk, const float *m,
                           const float *inv_l);
 
+    /* Masks on a tile of scores; element (i, j) of the mask is m[i*sq + j*sk]
+     * (element strides of any sign, 0 = broadcast; |sq| * ldq must fit in int32).
+     *   mask_float: st[j][i] += m(i, j)
+     *   mask_bool:  st[j][i] = m(i, j) ? st[j][i] : -inf   (nonzero byte = attend) */
+    void (*mask_float)(float *st, int64_t ldq, int nq, int nk, const float *m, int64_t sq,
+                       int64_t sk);
+    void (*mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsigned char *m, int64_t sq,
+                      int64_t sk);
+
     /* acc[i][:] = alpha[i] * acc[i][:] + sum_j pt[j*ldq + i] * v[j*v_sl + :]
      * (alpha NULL: no rescale)  pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc) */
     void (*pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,

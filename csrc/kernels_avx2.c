@@ -55,6 +55,23 @@ static inline float hsum_avx2(__m256 x)
     return _mm_cvtss_f32(s);
 }
 #define V_HSUM(x) hsum_avx2(x)
+#define V_GATHER_F(base, idx) _mm256_i32gather_ps(base, _mm256_loadu_si256((const __m256i *)(idx)), 4)
+
+/* Bytes have no gather: fetch the aligned dword holding each byte (it never
+ * crosses a page, so it is as safe to read as the byte) and shift it out. */
+static inline __m256 keep_bytes_avx2(__m256 x, const unsigned char *base, const int32_t *idx,
+                                     __m256 fill)
+{
+    const __m256i vi = _mm256_loadu_si256((const __m256i *)idx);
+    const __m256i lo = _mm256_and_si256(
+        _mm256_add_epi32(vi, _mm256_set1_epi32((int)((uintptr_t)base & 3))), _mm256_set1_epi32(3));
+    const __m256i words = _mm256_i32gather_epi32((const int *)base, _mm256_sub_epi32(vi, lo), 1);
+    const __m256i bytes = _mm256_and_si256(_mm256_srlv_epi32(words, _mm256_slli_epi32(lo, 3)),
+                                           _mm256_set1_epi32(0xff));
+    const __m256i blocked = _mm256_cmpeq_epi32(bytes, _mm256_setzero_si256());
+    return _mm256_blendv_ps(x, fill, _mm256_castsi256_ps(blocked));
+}
+#define V_KEEP_BYTES(x, base, idx, fill) keep_bytes_avx2(x, base, idx, fill)
 #define V_LOAD_M(p, mk) _mm256_maskload_ps(p, mk)
 #define V_STORE_M(p, mk, x) _mm256_maskstore_ps(p, mk, x)
 

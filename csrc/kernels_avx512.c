@@ -41,6 +41,22 @@
 
 #define V_MASK(n) ((__mmask16)((1u << (n)) - 1u))
 #define V_HSUM(x) _mm512_reduce_add_ps(x)
+#define V_GATHER_F(base, idx) _mm512_i32gather_ps(_mm512_loadu_si512(idx), base, 4)
+
+/* Bytes have no gather: fetch the aligned dword holding each byte (it never
+ * crosses a page, so it is as safe to read as the byte) and shift it out. */
+static inline __m512 keep_bytes_avx512(__m512 x, const unsigned char *base, const int32_t *idx,
+                                       __m512 fill)
+{
+    const __m512i vi = _mm512_loadu_si512(idx);
+    const __m512i lo = _mm512_and_si512(
+        _mm512_add_epi32(vi, _mm512_set1_epi32((int)((uintptr_t)base & 3))), _mm512_set1_epi32(3));
+    const __m512i words = _mm512_i32gather_epi32(_mm512_sub_epi32(vi, lo), base, 1);
+    const __m512i bytes = _mm512_and_si512(_mm512_srlv_epi32(words, _mm512_slli_epi32(lo, 3)),
+                                           _mm512_set1_epi32(0xff));
+    return _mm512_mask_blend_ps(_mm512_test_epi32_mask(bytes, bytes), fill, x);
+}
+#define V_KEEP_BYTES(x, base, idx, fill) keep_bytes_avx512(x, base, idx, fill)
 #define V_LOAD_M(p, mk) _mm512_maskz_loadu_ps(mk, p)
 #define V_STORE_M(p, mk, x) _mm512_mask_storeu_ps(p, mk, x)
 

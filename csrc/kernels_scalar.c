@@ -65,6 +65,29 @@ static void softmax_final_scalar(float *st, int64_t ldq, int nq, int nk, const f
     }
 }
 
+// st: (nk, ldq)  m: element (i, j) at m[i*sq + j*sk]
+static void mask_float_scalar(float *st, int64_t ldq, int nq, int nk, const float *m, int64_t sq,
+                              int64_t sk)
+{
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++) st[j * ldq + i] += m[i * sq + j * sk];
+}
+
+// st: (nk, ldq)  m: element (i, j) at m[i*sq + j*sk]
+static void mask_bool_scalar(float *st, int64_t ldq, int nq, int nk, const unsigned char *m,
+                             int64_t sq, int64_t sk)
+{
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++) {
+            /* a bit select, not a branch: masks are often random */
+            uint32_t x;
+            memcpy(&x, &st[j * ldq + i], sizeof x);
+            const uint32_t keep = 0u - (uint32_t)(m[i * sq + j * sk] != 0);
+            x = (x & keep) | (0xff800000u & ~keep);          /* -inf where blocked */
+            memcpy(&st[j * ldq + i], &x, sizeof x);
+        }
+}
+
 // pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
 static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl,
                       int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
@@ -82,5 +105,6 @@ static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int6
 }
 
 const attnx_kernels attnx_kernels_scalar = {
-    "scalar", qk_scalar, qk_dot_scalar, 4, softmax_online_scalar, softmax_final_scalar, pv_scalar,
+    "scalar", qk_scalar, qk_dot_scalar, 4, softmax_online_scalar, softmax_final_scalar,
+    mask_float_scalar, mask_bool_scalar, pv_scalar,
 };

@@ -16,6 +16,8 @@
  *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
  *   V_ZERO_BELOW(y, x, lo)  y where !(x < lo) (NaN kept), else 0
  *   V_HSUM(x)  the sum of the lanes, a float
+ *   V_GATHER_F(base, idx)  lanes base[idx[l]] (idx: int32_t[W])
+ *   V_KEEP_BYTES(x, base, idx, fill)  x where base[idx[l]] != 0, else fill
  */
 
 #define ATTNX_INLINE static inline __attribute__((always_inline))
@@ -178,6 +180,52 @@ static void SUFFIX(softmax_final)(float *st, int64_t ldq, int nq, int nk, const 
     }
 }
 
+/* ---- masks: one vector of queries at a time, gathered down a mask column -- */
+// st: (nk, ldq)  m: element (i, j) at m[i*sq + j*sk]
+static void SUFFIX(mask_float)(float *st, int64_t ldq, int nq, int nk, const float *m, int64_t sq,
+                               int64_t sk)
+{
+    if (sq == 0) {                  /* one value per key (a padding mask): broadcast it */
+        for (int j = 0; j < nk; j++) {
+            const VF mv = V_SET1(m[j * sk]);
+            for (int i = 0; i < nq; i += W)
+                V_STORE(st + j * ldq + i, V_ADD(V_LOAD(st + j * ldq + i), mv));
+        }
+        return;
+    }
+    for (int i0 = 0; i0 < nq; i0 += W) {
+        int32_t idx[W];             /* lanes past nq re-read row i0: in bounds, never used */
+        for (int l = 0; l < W; l++) idx[l] = (int32_t)((i0 + l < nq ? l : 0) * sq);
+        const float *mi = m + i0 * sq;
+        for (int j = 0; j < nk; j++) {
+            float *s = st + j * ldq + i0;
+            V_STORE(s, V_ADD(V_LOAD(s), V_GATHER_F(mi + j * sk, idx)));
+        }
+    }
+}
+
+// st: (nk, ldq)  m: element (i, j) at m[i*sq + j*sk]
+static void SUFFIX(mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsigned char *m,
+                              int64_t sq, int64_t sk)
+{
+    const VF ninf = V_SET1(-INFINITY);
+    if (sq == 0) {                  /* one value per key: block whole rows of the tile */
+        for (int j = 0; j < nk; j++)
+            if (!m[j * sk])
+                for (int i = 0; i < nq; i += W) V_STORE(st + j * ldq + i, ninf);
+        return;
+    }
+    for (int i0 = 0; i0 < nq; i0 += W) {
+        int32_t idx[W];
+        for (int l = 0; l < W; l++) idx[l] = (int32_t)((i0 + l < nq ? l : 0) * sq);
+        const unsigned char *mi = m + i0 * sq;
+        for (int j = 0; j < nk; j++) {
+            float *s = st + j * ldq + i0;
+            V_STORE(s, V_KEEP_BYTES(V_LOAD(s), mi + j * sk, idx, ninf));
+        }
+    }
+}
+
 /* ---- output: acc = alpha * acc + Pᵀ · V -----------------------------------
  * Register block: MR queries × NV vectors of Dv; each step broadcasts
  * p[j][i] and multiplies a vector of the value row v[j]. The last vector of a
@@ -242,5 +290,5 @@ static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int
 
 const attnx_kernels SUFFIX(attnx_kernels) = {
     SUFFIX_NAME, SUFFIX(qk), SUFFIX(qk_dot), W / 2, SUFFIX(softmax_online), SUFFIX(softmax_final),
-    SUFFIX(pv),
+    SUFFIX(mask_float), SUFFIX(mask_bool), SUFFIX(pv),
 };
