@@ -20,8 +20,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifndef ATTNX_BQ
 #define ATTNX_BQ 64    /* queries per tile (ldq); a multiple of every vector width */
+#endif
+#ifndef ATTNX_BK
 #define ATTNX_BK 128   /* keys per tile */
+#endif
 
 typedef struct attnx_kernels {
     const char *name;
