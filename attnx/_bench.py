@@ -62,10 +62,12 @@ def _time(fns, repeats, settle=()):
     next, and on two cores that decides small cases. The result is the
     median over ``repeats`` rounds of each block's time per call."""
     counts = []
-    for f in fns:                                   # warm up, size the blocks
-        t0 = time.perf_counter()
-        f()
-        counts.append(max(1, min(1000, int(0.03 / max(time.perf_counter() - t0, 1e-6)))))
+    for f in fns:              # warm up for 30 ms (at least twice): the block size
+        n, t0 = 0, time.perf_counter()
+        while n < 2 or time.perf_counter() - t0 < 0.03:
+            f()
+            n += 1
+        counts.append(max(1, n - 1))
     times = [[] for _ in fns]
     for _ in range(repeats):
         for i, (t, f, n) in enumerate(zip(times, fns, counts)):
