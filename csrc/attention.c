@@ -4,13 +4,16 @@
  * Work is split into items, one per (batch, head, block of BQ queries). For
  * each item the queries are packed once (scaled, transposed), then the keys
  * are visited in tiles of BK: scores, masks, online softmax (running max and
- * sum, rescale), and the weighted sum of values, all in a few KiB of scratch;
- * the output is normalised once at the end. The Lq×Lk matrix is never built
+ * sum, rescale), and the weighted sum of values, all in a per-thread scratch
+ * of (D + BK + Dv + 3) × BQ floats that stays in cache; the output is
+ * normalised once at the end. The Lq×Lk matrix is never built
  * unless the caller asked for the weights, which are then produced by a
  * second pass over the keys with the final max and sum (exact, not rescaled).
  *
  * Causal masks and key lengths shorten the range of keys visited (whole tiles
  * are skipped); only tiles on the diagonal are masked element by element.
+ * With too few query blocks to occupy every thread (decoding), the keys are
+ * split across threads too and the partial softmaxes merged (split-K).
  */
 #include <math.h>
 #include <pthread.h>
