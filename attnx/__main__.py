@@ -1,35 +1,115 @@
 """Command line: ``python -m attnx [info|demo|bench]``.
 
-* ``python -m attnx`` (or ``info``): version, build, instruction set, threads,
-  then the demo.
-* ``python -m attnx demo``: attention over the seeds' sentence, checked
-  against the float64 reference; exits 1 if it does not match.
+* ``python -m attnx``: what ``info`` prints, then the demo (README's main job;
+  exits 1 if the demo does not match the reference).
+* ``python -m attnx info``: version, build (the extension, the instruction
+  sets it can use here and the one in use), threads, optional extras, and a
+  warning line for an ``ATTNX_ISA`` / ``ATTNX_NUM_THREADS`` that is ignored.
+* ``python -m attnx demo``: attention over the seeds' sentence, the weights
+  printed as a table, checked against the float64 reference; exits 1 if it
+  does not match.
 * ``python -m attnx bench``: the speed benchmark (see ``--help``).
+
+Mistakes on the command line print one ``error:`` line and exit 2, never a
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import platform
 import sys
+from typing import Any, List, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 SENTENCE = "The animal didn't cross the street because it was too tired"
+ISA_NAMES = ("scalar", "avx2", "avx512", "neon")    # what csrc/dispatch.c knows
+MAX_THREADS = 256                                   # csrc/threads.c: MAX_THREADS
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _env_warnings() -> List[str]:
+    """Settings in the environment that the C core ignores (it falls back silently)."""
+    from . import _attnx
+
+    warnings = []
+    isa = os.environ.get("ATTNX_ISA")
+    if isa and isa != _attnx.isa():
+        available = _attnx.available_isas()
+        why = ("is not available on this CPU" if isa in ISA_NAMES else
+               f"is not an instruction set (known: {', '.join(ISA_NAMES)})")
+        warnings.append(f"ATTNX_ISA={isa!r} {why}; using {_attnx.isa()} "
+                        f"(available here: {', '.join(available)})")
+    for name in ("ATTNX_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name)
+        if not value:
+            continue
+        try:
+            n = int(value)
+        except ValueError:
+            n = 0
+        if not (0 < n <= MAX_THREADS) or value != value.rstrip():
+            warnings.append(f"{name}={value!r} is ignored by attnx: it must be an integer "
+                            f"from 1 to {MAX_THREADS}")
+        if name == "ATTNX_NUM_THREADS" and 0 < n <= MAX_THREADS:
+            break   # takes precedence over OMP_NUM_THREADS
+    return warnings
+
+
+def _threads_source() -> str:
+    for name in ("ATTNX_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "")
+        try:
+            if 0 < int(value) <= MAX_THREADS and value == value.rstrip():
+                return f"from {name}"
+        except ValueError:
+            pass
+    return "one per CPU available to this process"
+
+
+def _package_version(name: str) -> Optional[str]:
+    """The installed version of ``name`` (without importing it), or None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover - Python < 3.8
+        return None
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def _info() -> None:
     import attnx
     from attnx import _attnx
 
-    print(f"attnx {attnx.__version__} (numpy {np.__version__}, Python {platform.python_version()}, "
-          f"{platform.machine()})")
-    print(f"instruction set: {attnx.isa()} (available: {', '.join(_attnx.available_isas())}; "
+    print(f"attnx {attnx.__version__} (numpy {np.__version__}, "
+          f"{platform.python_implementation()} {platform.python_version()}, "
+          f"{platform.system()} {platform.machine()})")
+    print(f"extension: {getattr(_attnx, '__file__', '(built in)')}")
+    print(f"instruction set: {attnx.isa()} (available here: {', '.join(_attnx.available_isas())}; "
           f"force one with ATTNX_ISA)")
-    print(f"threads: {attnx.get_num_threads()} (ATTNX_NUM_THREADS or attnx.set_num_threads)")
+    print(f"threads: {attnx.get_num_threads()} ({_threads_source()}; "
+          f"ATTNX_NUM_THREADS or attnx.set_num_threads change it)")
+    extras = []
+    for name, use in (("torch", "tests, bench, MultiHeadAttention.from_torch"),
+                      ("matplotlib", "plot_attention")):
+        v = _package_version(name)
+        extras.append(f"{name} {v}" if v else f"{name} not installed ({use})")
+    print("optional: " + "; ".join(extras))
 
 
-def demo_inputs(d_model: int = 16, seed: int = 0):
+def demo_inputs(d_model: int = 16, seed: int = 0) -> Tuple[List[str], NDArray[np.float32]]:
     """Tokens of the seeds' sentence and small embeddings (L, d_model), float32.
 
     The embeddings are random, except that "it" is made close to "animal", so
@@ -62,41 +142,101 @@ def _demo() -> int:
         print(f"{t:>{width}} " + " ".join(f"{p:5.2f}" for p in row))
     it = tokens.index("it")
     top = np.argsort(w[it])[::-1][:2]
-    print(f'"it" attends most to: ' + ", ".join(f'"{tokens[j]}" ({w[it, j]:.2f})' for j in top))
+    print('"it" attends most to: ' + ", ".join(f'"{tokens[j]}" ({w[it, j]:.2f})' for j in top))
     print(f"max |attnx - float64 reference| = {err:.2e} -> {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+def _smoke_bench(bench: Any, args: argparse.Namespace) -> int:
+    """One tiny row through the benchmark's own machinery (for the tests)."""
+    args.repeats = args.repeats or 1
+    b = bench._Bench(args)
+    b.header()
+    b.case("smoke B=1 H=2 L=32 D=16", 1, 2, 2, 32, 32, 16, numpy=True)
+    return 0
+
+
+def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser, Any]:
+    from . import __version__
+
+    parser = _Parser(
         prog="python -m attnx",
-        description="attnx: fast, exact masked multi-head attention for NumPy.")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("info", help="version, build, instruction set, threads (and the demo)")
-    sub.add_parser("demo", help="attention over the seeds' sentence, checked against the reference")
-    bench = sub.add_parser("bench", help="speed against PyTorch and the seeds' NumPy code")
-    try:
-        from . import _bench
+        description="attnx: fast, exact masked multi-head attention for NumPy. Without a "
+                    "command: what 'info' prints, then the demo.",
+        epilog="environment: ATTNX_ISA=scalar|avx2|avx512 forces an instruction set, "
+               "ATTNX_NUM_THREADS (or OMP_NUM_THREADS) sets the thread count.")
+    parser.add_argument("--version", action="version", version=f"attnx {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,demo,bench}")
+    sub.add_parser("info", description="Version, build (the instruction sets usable here and "
+                   "the one in use), threads and optional extras.",
+                   help="version, build, instruction set, threads")
+    sub.add_parser("demo", description="Self-attention over the seeds' sentence: the weights as "
+                   "a table, checked against the float64 reference (exit 1 on a mismatch).",
+                   help="attention over the seeds' sentence, checked against the reference")
+    bench = sub.add_parser("bench", description="attnx against PyTorch and the seeds' NumPy "
+                           "code: interleaved runs in one process, medians, ratios.",
+                           help="speed against PyTorch and the seeds' NumPy code")
+    try:   # typed as Any: the benchmark module is not part of the typed API
+        _bench: Any = importlib.import_module(f"{__package__ or 'attnx'}._bench")
     except ImportError:  # pragma: no cover
         _bench = None
     if _bench is not None:
         _bench.add_arguments(bench)
-    args = parser.parse_args(argv)
+        bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+    return parser, bench, _bench
 
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    parser, bench_parser, _bench = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench" and _bench is not None:
+        if args.threads < 0 or args.threads > MAX_THREADS:
+            bench_parser.error(f"argument --threads: must be from 1 to {MAX_THREADS} "
+                               f"(0: attnx's default); got {args.threads}")
+        if args.repeats < 0:
+            bench_parser.error(f"argument --repeats: must be a positive integer "
+                               f"(0: the default); got {args.repeats}")
+
+    for w in _env_warnings():
+        print(f"warning: {w}", file=sys.stderr)
     try:
         if args.command == "demo":
             return _demo()
+        if args.command == "info":
+            _info()
+            return 0
         if args.command == "bench":
             if _bench is None:
                 print("error: the benchmark is not available in this build", file=sys.stderr)
                 return 2
-            return _bench.run(args)
+            if args.smoke:
+                return _smoke_bench(_bench, args)
+            return int(_bench.run(args))
         _info()
         return _demo()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        raise
     except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
+def _run() -> int:
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (python -m attnx | head): stop quietly; point
+        # stdout at devnull so the interpreter's final flush does not complain
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run())

@@ -7,30 +7,82 @@ strides, lengths checks. The arithmetic runs in ``attnx._attnx`` (C).
 
 from __future__ import annotations
 
-import collections
 import math
 import numbers
+from typing import Any, Literal, NamedTuple, Optional, Protocol, Tuple, Union, overload
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import _attnx
 
-__all__ = ["scaled_dot_product_attention"]
+__all__ = ["scaled_dot_product_attention", "ArrayInput", "Causal", "Layout"]
+
+
+class SupportsDLPack(Protocol):
+    """An object exporting its memory through DLPack (``numpy.from_dlpack`` reads it)."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def __dlpack_device__(self) -> Any: ...
+
+
+#: What the array arguments accept: NumPy arrays, nested sequences, anything
+#: with ``__array__`` (PyTorch CPU tensors, pandas, xarray, ...) or DLPack.
+ArrayInput = Union[ArrayLike, SupportsDLPack]
+#: ``is_causal``: False, True (= "upper_left"), "upper_left", "top_left" or "lower_right".
+Causal = Union[bool, Literal["upper_left", "top_left", "lower_right"]]
+#: ``layout``: (B..., H, L, E) or (B..., L, H, E).
+Layout = Literal["bhld", "blhd"]
 
 _FLOAT_KINDS = (np.float16, np.float32, np.float64)
 _CAUSAL = {False: 0, True: 1, "upper_left": 1, "top_left": 1, "lower_right": 2}
 
 
-def _shape(a):
+def _shape(a: NDArray[Any]) -> str:
     return "(" + ", ".join(str(n) for n in a.shape) + ("," if a.ndim == 1 else "") + ")"
 
 
-def _as_float(x, name, dtype=np.float32):
-    """x as an ndarray of ``dtype``; float16/32/64 are converted, other kinds raise."""
+def _asarray(x: object, name: str) -> NDArray[Any]:
+    """``x`` as an ndarray, sharing its memory whenever NumPy can (no copy).
+
+    Accepts NumPy arrays, sequences, objects with ``__array__`` (a PyTorch CPU
+    tensor gives a view of its memory) and objects with only ``__dlpack__``
+    (read with ``np.from_dlpack``, also without a copy). A tensor that
+    requires grad is read through ``x.detach()``, a new tensor sharing the
+    same memory: the caller's tensor is never modified. torch is never
+    imported here.
+    """
+    if type(x) is np.ndarray:
+        return x
+    if isinstance(x, np.ndarray):  # a subclass (np.matrix, masked array): its data, as a view
+        return np.asarray(x)
+    if getattr(x, "requires_grad", False) is True:
+        detach = getattr(x, "detach", None)
+        if callable(detach):
+            x = detach()
+    error: Optional[Exception] = None
+    a: Optional[NDArray[Any]] = None
     try:
         a = np.asarray(x)
-    except Exception as exc:  # e.g. a ragged list
-        raise TypeError(f"{name} must be array-like of floats; got {type(x).__name__}: {exc}") from None
+    except Exception as exc:  # e.g. a ragged list, a GPU tensor, bfloat16
+        error = exc
+    if (a is None or a.dtype == object) and hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except Exception as exc:
+            error = error or exc  # np.asarray's message is the more specific one
+    if a is None:
+        dtype = getattr(x, "dtype", None)
+        what = type(x).__name__ + (f" of dtype {dtype}" if dtype is not None else "")
+        raise TypeError(f"{name} must be array-like (a NumPy array, a CPU tensor, anything with "
+                        f"__array__ or __dlpack__); got {what}: {error}") from None
+    return a
+
+
+def _as_float(x: object, name: str, dtype: type[np.floating[Any]] = np.float32) -> NDArray[Any]:
+    """x as an ndarray of ``dtype``; float16/32/64 are converted, other kinds raise."""
+    a = _asarray(x, name)
     if a.dtype.type not in _FLOAT_KINDS:
         raise TypeError(
             f"{name} must be float16, float32 or float64 (computed in float32); "
@@ -40,7 +92,7 @@ def _as_float(x, name, dtype=np.float32):
     return a
 
 
-def _unit_last_stride(a):
+def _unit_last_stride(a: NDArray[Any]) -> NDArray[Any]:
     """A view of ``a`` whose last axis is contiguous and aligned (copies only if not)."""
     if a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
         return np.ascontiguousarray(a)
@@ -49,9 +101,10 @@ def _unit_last_stride(a):
     return a
 
 
-def _lengths(x, name, batch_shape, limit, B, H, heads_are_batch):
+def _lengths(x: object, name: str, batch_shape: Tuple[int, ...], limit: int, B: int, H: int,
+             heads_are_batch: bool) -> NDArray[np.int64]:
     """Lengths as an int64 (B, H) array (a broadcast view), checked in [0, limit]."""
-    a = np.asarray(x)
+    a = _asarray(x, name)
     if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
         raise TypeError(f"{name} must be an integer array; got dtype {a.dtype} with shape {_shape(a)}")
     target = batch_shape
@@ -63,24 +116,36 @@ def _lengths(x, name, batch_shape, limit, B, H, heads_are_batch):
             f"{tuple(target)}") from None
     if a.size and (a.min() < 0 or a.max() > limit):
         raise ValueError(f"{name} must lie in [0, {limit}]; got values from {a.min()} to {a.max()}")
-    a = np.ascontiguousarray(a, dtype=np.int64).reshape(-1)
+    a = np.require(a, dtype=np.int64, requirements=["C", "A"]).reshape(-1)   # contiguous, aligned
     if heads_are_batch:           # no head axis: one length per leading row
         return a.reshape(B, H)
     return np.broadcast_to(a.reshape(B, 1), (B, H))
 
 
-# The arguments as the core takes them: (B, H, L, E) views and flags.
-_Prepared = collections.namedtuple("_Prepared", (
-    "q", "k", "v", "mask", "key_lengths", "query_lengths", "causal", "scale",
-    "batch_shape", "layout", "ndim"))
+class _Prepared(NamedTuple):
+    """The arguments as the core takes them: (B, H, L, E) views and flags."""
+
+    q: NDArray[Any]                         # (B, Hq, Lq, E)
+    k: NDArray[Any]                         # (B, Hk, Lk, E)
+    v: NDArray[Any]                         # (B, Hk, Lk, Ev)
+    mask: Optional[NDArray[Any]]            # (B, Hq, Lq, Lk), bool or float, any strides
+    key_lengths: Optional[NDArray[np.int64]]    # (B, Hq)
+    query_lengths: Optional[NDArray[np.int64]]  # (B, Hq)
+    causal: int                             # 0 none, 1 upper-left, 2 lower-right
+    scale: float
+    batch_shape: Tuple[int, ...]
+    layout: str
+    ndim: int
 
 
-def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-             layout, key_lengths, query_lengths, dtype):
+def _prepare(query: object, key: object, value: object, attn_mask: object, dropout_p: object,
+             is_causal: object, scale: object, enable_gqa: bool, layout: object,
+             key_lengths: object, query_lengths: object,
+             dtype: type[np.floating[Any]]) -> _Prepared:
     """Check and normalise the public arguments (see scaled_dot_product_attention)."""
-    q = _as_float(query, "query", dtype)
-    k = _as_float(key, "key", dtype)
-    v = _as_float(value, "value", dtype)
+    q = q0 = _as_float(query, "query", dtype)
+    k = k0 = _as_float(key, "key", dtype)
+    v = v0 = _as_float(value, "value", dtype)
 
     if layout not in ("bhld", "blhd"):
         raise ValueError(f'layout must be "bhld" or "blhd"; got {layout!r}')
@@ -104,8 +169,8 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
     Hv, Lv, Ev = v.shape[-3:]
     batch_shape = q.shape[:-3]
 
-    def shapes():
-        return f"query {_shape(np.asarray(query))}, key {_shape(np.asarray(key))}, value {_shape(np.asarray(value))}"
+    def shapes() -> str:
+        return f"query {_shape(q0)}, key {_shape(k0)}, value {_shape(v0)}"
 
     if k.shape[:-3] != batch_shape or v.shape[:-3] != batch_shape:
         raise ValueError(f"query, key and value must have the same batch dimensions; got {shapes()}")
@@ -131,13 +196,16 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
     else:
         raise ValueError(f'is_causal must be False, True, "upper_left" or "lower_right"; got {is_causal!r}')
     if scale is None:
-        scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
+        scale_f = 1.0 / math.sqrt(E) if E > 0 else 1.0
     else:
         if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
             raise TypeError(f"scale must be a real number; got {type(scale).__name__}")
-        scale = float(scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite; got {scale}")
+        try:
+            scale_f = float(scale)
+        except OverflowError:        # an int beyond float range
+            scale_f = math.inf
+        if not math.isfinite(scale_f):
+            raise ValueError(f"scale must be finite; got {scale_f}")
 
     B = math.prod(batch_shape)
     q4 = _unit_last_stride(q.reshape((B, Hq, Lq, E)))
@@ -147,7 +215,7 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
 
     mask4 = None
     if attn_mask is not None:
-        m = np.asarray(attn_mask)
+        m = m0 = _asarray(attn_mask, "attn_mask")
         if m.dtype != np.bool_:
             if m.dtype.type not in _FLOAT_KINDS:
                 raise TypeError(
@@ -162,7 +230,7 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
             m = np.broadcast_to(m, full)
         except ValueError:
             raise ValueError(
-                f"attn_mask with shape {_shape(np.asarray(attn_mask))} does not broadcast to the "
+                f"attn_mask with shape {_shape(m0)} does not broadcast to the "
                 f"scores' shape (B..., Hq, Lq, Lk) = {full}") from None
         if not m.flags.aligned:
             m = m.copy()
@@ -176,13 +244,46 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
     if query_lengths is not None:
         ql = _lengths(query_lengths, "query_lengths", lead, Lq, B, Hq, heads_are_batch)
 
-    return _Prepared(q4, k4, v4, mask4, kl, ql, causal, scale, batch_shape, layout, nd)
+    return _Prepared(q4, k4, v4, mask4, kl, ql, causal, scale_f, batch_shape, str(layout), nd)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, enable_gqa=False, *,
-                                 layout="bhld", key_lengths=None, query_lengths=None,
-                                 need_weights=False):
+@overload
+def scaled_dot_product_attention(
+        query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None,
+        need_weights: Literal[False] = False) -> NDArray[np.float32]: ...
+
+
+@overload
+def scaled_dot_product_attention(
+        query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None,
+        need_weights: Literal[True]) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
+
+
+@overload
+def scaled_dot_product_attention(
+        query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None, need_weights: bool = False,
+) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]: ...
+
+
+def scaled_dot_product_attention(
+        query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None, need_weights: bool = False,
+) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]:
     """Masked multi-head scaled dot-product attention, ``softmax(Q Kᵀ · scale + mask) V``.
 
     Names and argument order follow ``torch.nn.functional.scaled_dot_product_attention``,
@@ -228,6 +329,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     A row with no allowed key gives zeros (output and weights), never NaN;
     NaN and inf in the inputs propagate. The inputs are never modified.
 
+    Every array argument may be a NumPy array, a nested sequence, a PyTorch
+    CPU tensor (also one that requires grad: it is read through
+    ``.detach()``, and no gradient flows back), or any object with
+    ``__array__`` or ``__dlpack__``. float32 inputs are read in place, without
+    a copy, whenever their last axis is contiguous (a transposed or sliced
+    tensor is read through its strides); float16/float64 are converted. The
+    result is always a NumPy array.
+
+    Masks from other conventions (True/1 = *blocked*, as in seed 000 or
+    ``torch.nn.MultiheadAttention``; 0 = blocked as in seed 004): pass
+    ``attn_mask=(m == 0)``, ``attn_mask=~m`` or ``attn_mask=(m != 0)``; see
+    :func:`attnx.causal_mask` and :func:`attnx.padding_mask` for building them.
+
     Examples
     --------
     >>> import numpy as np, attnx
@@ -235,6 +349,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     >>> q, k, v = (rng.standard_normal((2, 4, 10, 16), dtype=np.float32) for _ in range(3))
     >>> attnx.scaled_dot_product_attention(q, k, v, is_causal=True).shape
     (2, 4, 10, 16)
+
+    Padding (the second sequence has 6 real keys) with the weights:
+
+    >>> out, w = attnx.scaled_dot_product_attention(q, k, v, key_lengths=[10, 6],
+    ...                                             need_weights=True)
+    >>> out.shape, w.shape, float(w[1, :, :, 6:].sum())
+    ((2, 4, 10, 16), (2, 4, 10, 10), 0.0)
+
+    A bool mask, True = may attend, broadcast over batch and heads:
+
+    >>> mask = attnx.causal_mask(10)                      # (Lq, Lk)
+    >>> np.allclose(attnx.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    ...             attnx.scaled_dot_product_attention(q, k, v, is_causal=True))
+    True
     """
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  layout, key_lengths, query_lengths, np.float32)
@@ -244,7 +372,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _finish(p, out, weights, need_weights)
 
 
-def _allocate(p, need_weights, dtype):
+def _allocate(p: _Prepared, need_weights: bool, dtype: type[np.floating[Any]]) -> Tuple[
+        NDArray[Any], NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[Any]]]:
     """Outputs in the caller's layout, and their (B, H, L, .) views for the core."""
     B, Hq, Lq, _ = p.q.shape
     Lk, Ev = p.k.shape[2], p.v.shape[3]
@@ -260,8 +389,12 @@ def _allocate(p, need_weights, dtype):
     return out, out4, weights, weights.reshape((B, Hq, Lq, Lk))
 
 
-def _finish(p, out, weights, need_weights):
+def _finish(p: _Prepared, out: NDArray[Any], weights: Optional[NDArray[Any]],
+            need_weights: bool) -> Union[NDArray[Any], Tuple[NDArray[Any], NDArray[Any]]]:
     if p.ndim == 2:  # no head axis was given: drop the one added
         out = out[0]
-        weights = weights[0] if need_weights else None
-    return (out, weights) if need_weights else out
+        weights = weights[0] if weights is not None else None
+    if need_weights:
+        assert weights is not None
+        return out, weights
+    return out

@@ -14,27 +14,30 @@ to plot, or to port code that builds one, such as the seeds' masks).
 from __future__ import annotations
 
 import operator
+from typing import Any, Optional, SupportsIndex
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 __all__ = ["causal_mask", "padding_mask"]
 
 
-def _size(value, name):
+def _size(value: Any, name: str) -> int:
     """``value`` as a non-negative Python int; TypeError/ValueError naming it."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a non-negative integer; got bool {value!r}")
     try:
-        value = operator.index(value)  # int, NumPy integers, 0-d integer arrays
+        n = operator.index(value)  # int, NumPy integers, 0-d integer arrays
     except TypeError:
         raise TypeError(
             f"{name} must be a non-negative integer; got {type(value).__name__} {value!r}") from None
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative integer; got {value}")
-    return value
+    if n < 0:
+        raise ValueError(f"{name} must be a non-negative integer; got {n}")
+    return n
 
 
-def causal_mask(Lq, Lk=None, *, lower_right=False):
+def causal_mask(Lq: SupportsIndex, Lk: Optional[SupportsIndex] = None, *,
+                lower_right: bool = False) -> NDArray[np.bool_]:
     """The causal (look-ahead) mask: bool (Lq, Lk), True where query i may see key j.
 
     Parameters
@@ -83,7 +86,7 @@ def causal_mask(Lq, Lk=None, *, lower_right=False):
     return np.arange(Lk)[None, :] <= np.arange(Lq)[:, None] + offset
 
 
-def padding_mask(lengths, L):
+def padding_mask(lengths: ArrayLike, L: SupportsIndex) -> NDArray[np.bool_]:
     """The padding mask: bool (B, L), True where a position holds a real token.
 
     ``mask[b, j] = j < lengths[b]``: sequence b has ``lengths[b]`` real tokens

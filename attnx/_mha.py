@@ -14,41 +14,47 @@ with no transpose copy.
 
 from __future__ import annotations
 
+import importlib
 import operator
+from typing import Any, Literal, Optional, SupportsIndex, Tuple, TypeVar, Union, overload
 
 import numpy as np
+from numpy.typing import NDArray
 
-from ._functional import scaled_dot_product_attention
+from ._functional import ArrayInput, Causal, _asarray, scaled_dot_product_attention
 
 __all__ = ["MultiHeadAttention"]
 
 _FLOATS = (np.float16, np.float32, np.float64)
 
 
-def _shape(a):
+_M = TypeVar("_M", bound="MultiHeadAttention")
+
+
+def _shape(a: NDArray[Any]) -> str:
     return "(" + ", ".join(str(n) for n in a.shape) + ("," if a.ndim == 1 else "") + ")"
 
 
-def _positive_int(value, name, allow_none=False):
-    if value is None and allow_none:
-        return None
+def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a positive integer; got bool {value!r}")
     try:
-        value = operator.index(value)
+        n = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be a positive integer; got {type(value).__name__} {value!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer; got {value}")
-    return int(value)
+    if n <= 0:
+        raise ValueError(f"{name} must be a positive integer; got {n}")
+    return int(n)
 
 
-def _as_input(x, name):
-    """An input as a float32 ndarray (float16/float64 converted); other dtypes raise TypeError."""
-    try:
-        a = np.asarray(x)
-    except Exception as exc:  # e.g. a ragged list
-        raise TypeError(f"{name} must be array-like of floats; got {type(x).__name__}: {exc}") from None
+def _as_input(x: object, name: str) -> NDArray[np.float32]:
+    """An input as a float32 ndarray (float16/float64 converted); other dtypes raise TypeError.
+
+    Anything :func:`attnx.scaled_dot_product_attention` accepts: NumPy arrays,
+    sequences, PyTorch CPU tensors (also ones that require grad), objects with
+    ``__array__`` or ``__dlpack__``; float32 is used without a copy.
+    """
+    a = _asarray(x, name)
     if a.dtype.type not in _FLOATS:
         raise TypeError(f"{name} must be float16, float32 or float64 (computed in float32); "
                         f"got dtype {a.dtype} with shape {_shape(a)}")
@@ -58,21 +64,22 @@ def _as_input(x, name):
     return a.astype(np.float32, copy=False)
 
 
-def _xavier(rng, fan_in, fan_out):
+def _xavier(rng: np.random.Generator, fan_in: int, fan_out: int) -> NDArray[np.float32]:
     """Xavier/Glorot uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)); (fan_in, fan_out) float32."""
     a = np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-a, a, size=(fan_in, fan_out)).astype(np.float32)
 
 
-def _import_torch():
+def _import_torch() -> Any:
+    # importlib keeps type checkers from analysing all of torch for attnx's users
     try:
-        import torch
+        torch = importlib.import_module("torch")
     except ImportError:  # pragma: no cover - depends on the environment
         raise ImportError("loading PyTorch weights needs torch (pip install torch==2.13.0)") from None
     return torch
 
 
-def _to_numpy(t, transpose=False):
+def _to_numpy(t: Any, transpose: bool = False) -> NDArray[np.float32]:
     """A float32 NumPy copy of a torch tensor (never sharing memory with it), optionally transposed."""
     torch = _import_torch()
     a = t.detach().to(device="cpu", dtype=torch.float32).numpy()
@@ -120,6 +127,13 @@ class MultiHeadAttention:
         shapes are checked at each call). Initialised Xavier-uniform
         (``U(-a, a)``, ``a = sqrt(6 / (fan_in + fan_out))``), biases zero.
 
+    Shapes (see :meth:`__call__`): ``layer(query, key, value)`` takes query
+    (B, Lq, d_model), key (B, Lk, kdim), value (B, Lk, vdim) (batch-first;
+    unbatched (L, features) works too) and returns (B, Lq, d_model), plus the
+    weights (B, H, Lq, Lk) with ``need_weights=True``. ``attn_mask``: bool,
+    True = may attend, or float, added to the scores; broadcastable to
+    (B, H, Lq, Lk).
+
     Notes
     -----
     Differences from ``torch.nn.MultiheadAttention``:
@@ -156,47 +170,63 @@ class MultiHeadAttention:
     ((2, 7, 50), (2, 8, 7, 5))
     """
 
-    def __init__(self, d_model, num_heads, d_head=None, *, bias=True, kdim=None, vdim=None,
-                 seed=None):
-        d_model = _positive_int(d_model, "d_model")
-        num_heads = _positive_int(num_heads, "num_heads")
-        d_head = _positive_int(d_head, "d_head", allow_none=True)
-        if d_head is None:
-            d_head = max(1, d_model // num_heads)
-        kdim = d_model if kdim is None else _positive_int(kdim, "kdim")
-        vdim = d_model if vdim is None else _positive_int(vdim, "vdim")
+    d_model: int
+    num_heads: int
+    d_head: int
+    kdim: int
+    vdim: int
+    bias: bool
+    W_q: NDArray[np.float32]
+    W_k: NDArray[np.float32]
+    W_v: NDArray[np.float32]
+    W_o: NDArray[np.float32]
+    b_q: Optional[NDArray[np.float32]]
+    b_k: Optional[NDArray[np.float32]]
+    b_v: Optional[NDArray[np.float32]]
+    b_o: Optional[NDArray[np.float32]]
+
+    def __init__(self, d_model: SupportsIndex, num_heads: SupportsIndex,
+                 d_head: Optional[SupportsIndex] = None, *, bias: bool = True,
+                 kdim: Optional[SupportsIndex] = None, vdim: Optional[SupportsIndex] = None,
+                 seed: Union[None, int, np.random.SeedSequence, np.random.Generator] = None,
+                 ) -> None:
+        dm = _positive_int(d_model, "d_model")
+        H = _positive_int(num_heads, "num_heads")
+        dh = max(1, dm // H) if d_head is None else _positive_int(d_head, "d_head")
+        kd = dm if kdim is None else _positive_int(kdim, "kdim")
+        vd = dm if vdim is None else _positive_int(vdim, "vdim")
         if not isinstance(bias, (bool, np.bool_)):
             raise TypeError(f"bias must be a bool; got {type(bias).__name__} {bias!r}")
 
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_head = d_head
-        self.kdim = kdim
-        self.vdim = vdim
+        self.d_model = dm
+        self.num_heads = H
+        self.d_head = dh
+        self.kdim = kd
+        self.vdim = vd
         self.bias = bool(bias)
 
-        HD = num_heads * d_head
+        HD = H * dh
         rng = np.random.default_rng(seed)
-        self.W_q = _xavier(rng, d_model, HD)
-        self.W_k = _xavier(rng, kdim, HD)
-        self.W_v = _xavier(rng, vdim, HD)
-        self.W_o = _xavier(rng, HD, d_model)
+        self.W_q = _xavier(rng, dm, HD)
+        self.W_k = _xavier(rng, kd, HD)
+        self.W_v = _xavier(rng, vd, HD)
+        self.W_o = _xavier(rng, HD, dm)
         if self.bias:
             self.b_q = np.zeros(HD, dtype=np.float32)
             self.b_k = np.zeros(HD, dtype=np.float32)
             self.b_v = np.zeros(HD, dtype=np.float32)
-            self.b_o = np.zeros(d_model, dtype=np.float32)
+            self.b_o = np.zeros(dm, dtype=np.float32)
         else:
             self.b_q = self.b_k = self.b_v = self.b_o = None
 
     # ------------------------------------------------------------------ helpers
 
     @property
-    def inner_dim(self):
+    def inner_dim(self) -> int:
         """H * d_head: the width of the concatenated heads."""
         return self.num_heads * self.d_head
 
-    def _check_parameters(self):
+    def _check_parameters(self) -> None:
         HD = self.inner_dim
         expected = {
             "W_q": (self.d_model, HD), "W_k": (self.kdim, HD), "W_v": (self.vdim, HD),
@@ -211,7 +241,7 @@ class MultiHeadAttention:
                 got = _shape(w) if isinstance(w, np.ndarray) else type(w).__name__
                 raise ValueError(f"{self!r}: {name} must be an array of shape {shape}; got {got}")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         extra = ""
         if self.kdim != self.d_model:
             extra += f", kdim={self.kdim}"
@@ -222,9 +252,34 @@ class MultiHeadAttention:
 
     # --------------------------------------------------------------------- call
 
-    def __call__(self, query, key=None, value=None, *, attn_mask=None, is_causal=False,
-                 key_lengths=None, query_lengths=None, need_weights=False,
-                 average_weights=False):
+    @overload
+    def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
+                 value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
+                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
+                 query_lengths: Optional[ArrayInput] = None, need_weights: Literal[False] = False,
+                 average_weights: bool = False) -> NDArray[np.float32]: ...
+
+    @overload
+    def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
+                 value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
+                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
+                 query_lengths: Optional[ArrayInput] = None, need_weights: Literal[True],
+                 average_weights: bool = False) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
+
+    @overload
+    def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
+                 value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
+                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
+                 query_lengths: Optional[ArrayInput] = None, need_weights: bool = False,
+                 average_weights: bool = False,
+                 ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]: ...
+
+    def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
+                 value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
+                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
+                 query_lengths: Optional[ArrayInput] = None, need_weights: bool = False,
+                 average_weights: bool = False,
+                 ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]:
         """Attend from ``query`` to ``key``/``value``.
 
         Parameters
@@ -235,6 +290,9 @@ class MultiHeadAttention:
         value : array_like, (B, Lk, vdim) or (Lk, vdim), optional
             Defaults to ``key`` (so to ``query`` when both are omitted).
             float16/float64 inputs are converted; the result is float32.
+            Inputs may be NumPy arrays, PyTorch CPU tensors (also ones that
+            require grad; no gradient flows back) or anything with
+            ``__array__`` or ``__dlpack__``; the result is a NumPy array.
         attn_mask : array_like, optional
             bool, **True = may attend** (the opposite of
             ``torch.nn.MultiheadAttention``'s bool mask, where True = blocked),
@@ -291,7 +349,7 @@ class MultiHeadAttention:
         else:
             v_in = _as_input(value, "value")
 
-        def shapes():
+        def shapes() -> str:
             return (f"query {_shape(q_in)}, key {_shape(k_in)}, value {_shape(v_in)} "
                     f"for {self!r} (kdim={self.kdim}, vdim={self.vdim})")
 
@@ -348,7 +406,7 @@ class MultiHeadAttention:
         res = scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
             key_lengths=key_lengths, query_lengths=query_lengths, need_weights=need_weights)
-        z, w = res if need_weights else (res, None)
+        z, w = res if isinstance(res, tuple) else (res, None)
 
         # (B, Lq, H, D) -> (B, Lq, H*D) @ (H*D, d_model) -> (B, Lq, d_model)
         out = z.reshape(B, Lq, H * D) @ self.W_o
@@ -357,7 +415,7 @@ class MultiHeadAttention:
         out = out.astype(np.float32, copy=False)
         if unbatched:
             out = out[0]
-        if not need_weights:
+        if w is None:
             return out
         if average_weights:  # (B, H, Lq, Lk) -> (B, Lq, Lk), summed in float64
             w = w.mean(axis=1, dtype=np.float64).astype(np.float32)
@@ -367,7 +425,7 @@ class MultiHeadAttention:
 
     # -------------------------------------------------------------------- torch
 
-    def load_torch(self, module):
+    def load_torch(self: _M, module: Any) -> _M:
         """Copy the weights of a ``torch.nn.MultiheadAttention`` into this layer (in place).
 
         torch computes ``x @ W.T + b`` with ``W`` of shape (out, in): its packed
@@ -419,6 +477,10 @@ class MultiHeadAttention:
 
         in_b, out_b = module.in_proj_bias, module.out_proj.bias
         has_bias = in_b is not None or out_b is not None
+        b_q: Optional[NDArray[np.float32]]
+        b_k: Optional[NDArray[np.float32]]
+        b_v: Optional[NDArray[np.float32]]
+        b_o: Optional[NDArray[np.float32]]
         if has_bias:
             b_in = np.zeros(3 * E, np.float32) if in_b is None else _to_numpy(in_b)
             b_q, b_k, b_v = (np.array(b_in[i * E:(i + 1) * E]) for i in range(3))
@@ -434,7 +496,7 @@ class MultiHeadAttention:
         return self
 
     @classmethod
-    def from_torch(cls, module):
+    def from_torch(cls: type[_M], module: Any) -> _M:
         """A new layer holding a copy of a ``torch.nn.MultiheadAttention``'s weights.
 
         Sizes (embed_dim, num_heads, kdim, vdim) and biases are taken from the

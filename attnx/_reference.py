@@ -16,17 +16,27 @@ Semantics (shared with the C core):
   in the output and in the weights; query rows past ``query_lengths`` too.
 * keys with zero weight add nothing to the output, even when their values
   hold inf or NaN (padding may hold anything); NaN weights propagate.
+* a row whose allowed scores hold NaN (or +inf) is NaN throughout: its
+  output and every weight, those of masked or padded keys included.
 """
 
 from __future__ import annotations
 
+from typing import Literal, Optional, Tuple, Union, overload
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._functional import ArrayInput, Causal, Layout, _asarray
 
 __all__ = ["reference", "reference_attention"]
 
 
-def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                        key_lengths=None, query_lengths=None):
+def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
+                        attn_mask: Optional[ArrayInput] = None, is_causal: Causal = False,
+                        scale: Optional[float] = None, key_lengths: Optional[ArrayLike] = None,
+                        query_lengths: Optional[ArrayLike] = None,
+                        ) -> Tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Float64 attention on already-normalised 4-D arrays.
 
     q: (B, Hq, Lq, E), k: (B, Hk, Lk, E), v: (B, Hk, Lk, Ev), Hq % Hk == 0.
@@ -38,26 +48,26 @@ def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
 
     Returns (out (B, Hq, Lq, Ev), weights (B, Hq, Lq, Lk)), both float64.
     """
-    q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
+    q = np.asarray(_asarray(q, "q"), dtype=np.float64)
+    k = np.asarray(_asarray(k, "k"), dtype=np.float64)
+    v = np.asarray(_asarray(v, "v"), dtype=np.float64)
     B, Hq, Lq, E = q.shape
     Hk, Lk = k.shape[1], k.shape[2]
     group = Hq // Hk if Hk else 1
     k = np.repeat(k, group, axis=1)
     v = np.repeat(v, group, axis=1)
     if scale is None:
-        scale = 1.0 / np.sqrt(E) if E > 0 else 1.0
+        scale = 1.0 / float(np.sqrt(E)) if E > 0 else 1.0
 
     with np.errstate(invalid="ignore", over="ignore"):
         scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     allowed = np.ones((B, Hq, Lq, Lk), dtype=bool)
     if attn_mask is not None:
-        attn_mask = np.asarray(attn_mask)
-        if attn_mask.dtype == np.bool_:
-            allowed &= attn_mask
+        mask = _asarray(attn_mask, "attn_mask")
+        if mask.dtype == np.bool_:
+            allowed &= mask
         else:
-            scores = scores + attn_mask.astype(np.float64)
+            scores = scores + mask.astype(np.float64)
     if is_causal:
         offset = Lk - Lq if is_causal == "lower_right" else 0
         i = np.arange(Lq)[:, None]
@@ -88,7 +98,7 @@ def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
     return out, w
 
 
-def _weighted_sum(w, v):
+def _weighted_sum(w: NDArray[np.float64], v: NDArray[np.float64]) -> NDArray[np.float64]:
     """out[..., i, :] = sum over j with w[..., i, j] != 0 of w[..., i, j] * v[..., j, :].
 
     Keys with zero weight (masked, padded, or -inf scores) are left out of the
@@ -96,7 +106,8 @@ def _weighted_sum(w, v):
     (0 * inf would be NaN). NaN weights are kept: they propagate.
     """
     if np.isfinite(v).all():
-        return np.matmul(w, v)
+        out: NDArray[np.float64] = np.matmul(w, v)
+        return out
     B, H, Lq, Lk = w.shape
     out = np.zeros((B, H, Lq, v.shape[-1]))
     for b in range(B):
@@ -107,29 +118,82 @@ def _weighted_sum(w, v):
     return out
 
 
-def reference(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-              scale=None, enable_gqa=False, *, layout="bhld", key_lengths=None,
-              query_lengths=None, need_weights=False):
+@overload
+def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
+              attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+              is_causal: Causal = False, scale: Optional[float] = None,
+              enable_gqa: bool = False, *, layout: Layout = "bhld",
+              key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
+              need_weights: Literal[False] = False) -> NDArray[np.float64]: ...
+
+
+@overload
+def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
+              attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+              is_causal: Causal = False, scale: Optional[float] = None,
+              enable_gqa: bool = False, *, layout: Layout = "bhld",
+              key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
+              need_weights: Literal[True]) -> Tuple[NDArray[np.float64], NDArray[np.float64]]: ...
+
+
+@overload
+def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
+              attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+              is_causal: Causal = False, scale: Optional[float] = None,
+              enable_gqa: bool = False, *, layout: Layout = "bhld",
+              key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
+              need_weights: bool = False,
+              ) -> Union[NDArray[np.float64], Tuple[NDArray[np.float64], NDArray[np.float64]]]: ...
+
+
+def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
+              attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+              is_causal: Causal = False, scale: Optional[float] = None,
+              enable_gqa: bool = False, *, layout: Layout = "bhld",
+              key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
+              need_weights: bool = False,
+              ) -> Union[NDArray[np.float64], Tuple[NDArray[np.float64], NDArray[np.float64]]]:
     """``scaled_dot_product_attention`` computed in float64 with plain NumPy.
 
     Same arguments, shapes and checks as :func:`attnx.scaled_dot_product_attention`;
     returns float64 arrays. Slow and memory-hungry (it builds every score):
     meant as a test oracle.
 
+    Shapes: query (B..., Hq, Lq, E), key (B..., Hk, Lk, E), value
+    (B..., Hk, Lk, Ev) (``layout="blhd"``: (B..., L, H, E); 2-D and 3-D
+    inputs as in :func:`attnx.scaled_dot_product_attention`); returns out
+    (B..., Hq, Lq, Ev) and, with ``need_weights=True``, weights
+    (B..., Hq, Lq, Lk), both float64. Masks: bool, True = may attend, or
+    float, added to the scores; ``is_causal``, ``key_lengths`` and
+    ``query_lengths`` as there. The inputs may be anything
+    :func:`attnx.scaled_dot_product_attention` accepts (PyTorch CPU tensors,
+    objects with ``__array__`` or ``__dlpack__``); float16/float32 inputs are
+    converted to float64 and everything is computed in float64.
+
+    Examples
+    --------
     >>> import numpy as np, attnx
     >>> q = np.eye(3, dtype=np.float32)
     >>> attnx.reference(q, q, q).dtype
     dtype('float64')
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((1, 2, 5, 8), dtype=np.float32) for _ in range(3))
+    >>> out, w = attnx.reference(q, k, v, is_causal=True, need_weights=True)
+    >>> out.shape, w.shape, bool(np.allclose(w.sum(-1), 1.0))
+    ((1, 2, 5, 8), (1, 2, 5, 5), True)
+    >>> bool(np.allclose(attnx.scaled_dot_product_attention(q, k, v, is_causal=True), out,
+    ...                  atol=1e-5, rtol=5e-6))
+    True
     """
     from ._functional import _allocate, _finish, _prepare
 
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  layout, key_lengths, query_lengths, np.float64)
     out, out4, weights, w4 = _allocate(p, need_weights, np.float64)
-    causal = {0: False, 1: True, 2: "lower_right"}[p.causal]
+    causal: Causal = (False, True, "lower_right")[p.causal]
     o, w = reference_attention(p.q, p.k, p.v, p.mask, causal, p.scale,
                                p.key_lengths, p.query_lengths)
     out4[...] = o
-    if need_weights:
+    if w4 is not None:
         w4[...] = w
     return _finish(p, out, weights, need_weights)

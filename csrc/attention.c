@@ -208,8 +208,10 @@ static void run_item(job *jb, scratch *s, int64_t item)
             return;
         }
         for (int i = 0; i < nq; i++) {      /* normalise once; nothing allowed: zeros */
-            const float inv = s->l[i] == 0.0f ? 0.0f : 1.0f / s->l[i];
-            for (int64_t d = 0; d < p->Dv; d++) out[i * p->out_sl + d] = s->acc[i * jb->ldacc + d] * inv;
+            const int none = s->l[i] == 0.0f;  /* (acc may hold 0 * inf = NaN then) */
+            const float inv = none ? 0.0f : 1.0f / s->l[i];
+            for (int64_t d = 0; d < p->Dv; d++)
+                out[i * p->out_sl + d] = none ? 0.0f : s->acc[i * jb->ldacc + d] * inv;
             repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
         }
         return;
@@ -239,6 +241,8 @@ static void run_item(job *jb, scratch *s, int64_t item)
         for (int64_t d = 0; d < p->Dv; d++)
             out[i * p->out_sl + d] = none ? 0.0f : s->acc[i * jb->ldacc + d];
         repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
+        if (s->l[i] != s->l[i])            /* a NaN row is NaN throughout, skipped keys too */
+            for (int64_t j = 0; j < p->Lk; j++) w[i * p->Lk + j] = NAN;
     }
 }
 

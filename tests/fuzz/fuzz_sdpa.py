@@ -1,0 +1,548 @@
+"""Fuzz harness for attnx's public Python API (issue 5, item 3).
+
+Every argument of ``attnx.scaled_dot_product_attention`` is chosen from the
+fuzzer's bytes: shapes (0 and 1 included, sizes around vector widths and
+tiles), 2-D to 5-D inputs, both layouts, memory arrangements (negative
+strides, steps, permuted axes, stride-0 broadcasts, misaligned data,
+read-only, byte-swapped, nested lists), dtypes good and bad, masks of every
+kind and broadcast shape, lengths (out of range and of bad dtypes too),
+causal values, scales (0, huge, inf, NaN, non-numbers), GQA head counts,
+need_weights, the instruction set and the thread count.
+
+``run_one(data)`` is the whole check, used both by the fuzzer and by pytest's
+replay of the corpus (tests/test_fuzz_corpus.py):
+
+* an exception of a documented kind (TypeError, ValueError, MemoryError) is
+  an answer, not a failure; any other exception propagates (a finding);
+* a crash or a sanitizer report ends the process (a finding);
+* a returned result must have the documented type, dtype and shape, the
+  inputs must be unchanged, and, when the inputs are small and finite, it
+  must match ``attnx.reference`` (float64) within the project's tolerance.
+
+The bytes are decoded by a small decoder of our own (``Decoder``), not by
+atheris' FuzzedDataProvider, so a corpus file replays identically without
+atheris installed. The meaning of a corpus file is the order of reads in
+``build()``: append new choices at the end of it (or re-seed the corpus with
+fresh inputs) rather than reorder it.
+
+Run the fuzzer (atheris needed; tools/fuzz.sh runs it under ASan+UBSan):
+
+    python tests/fuzz/fuzz_sdpa.py CORPUS_DIR [libFuzzer flags, e.g. -max_total_time=60]
+
+Replay files without atheris:
+
+    python tests/fuzz/fuzz_sdpa.py --replay FILE...
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sys
+import warnings
+
+import numpy as np
+
+ALLOWED = (TypeError, ValueError, MemoryError)
+
+# Open bugs the fuzzer would otherwise report again and again, hiding others:
+# (exception type, text in its message, description). The fuzzer tolerates
+# them; tests/test_fuzz_corpus.py marks a corpus entry that hits one as an
+# expected failure. Remove an entry when its bug is fixed.
+KNOWN_BUGS = [
+    # (exception type, text in its message, description); empty: no open bug
+]
+
+
+def known_bug(exc):
+    """The description of the open bug ``exc`` is, or None."""
+    for kind, text, what in KNOWN_BUGS:
+        if isinstance(exc, kind) and text in str(exc):
+            return what
+    return None
+ATOL, RTOL = 1e-5, 5e-6
+STATS = collections.Counter()   # what the inputs led to: for tools/fuzz.sh's summary
+MAX_WORK = 400_000          # B*H*Lq*Lk*max(E, Ev): keeps one input well under a second
+
+
+# ----------------------------------------------------------------- decoding
+
+class Decoder:
+    """Reads choices from bytes, front to back; past the end every read is 0,
+    so a short input means "the first, plainest choice" everywhere."""
+
+    def __init__(self, data: bytes):
+        self.data = bytes(data)
+        self.pos = 0
+
+    def byte(self) -> int:
+        if self.pos < len(self.data):
+            b = self.data[self.pos]
+            self.pos += 1
+            return b
+        return 0
+
+    def int(self, lo: int, hi: int) -> int:
+        """An int in [lo, hi] (inclusive)."""
+        n = hi - lo + 1
+        if n <= 1:
+            return lo
+        x = self.byte()
+        if n > 256:
+            x = x << 8 | self.byte()
+        if n > 65536:
+            x = x << 16 | self.byte() << 8 | self.byte()
+        return lo + x % n
+
+    def bool(self) -> bool:
+        return bool(self.byte() & 1)
+
+    def chance(self, k: int) -> bool:
+        """True about once in k (and never on exhausted input)."""
+        b = self.byte()
+        return b != 0 and b % k == 0
+
+    def pick(self, seq):
+        return seq[self.int(0, len(seq) - 1)]
+
+    def seed(self) -> int:
+        return self.int(0, 2**32 - 1)
+
+
+# ---------------------------------------------------------- input building
+
+SIZES = (1, 2, 3, 0, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 200)
+GOOD_DTYPES = ("float32", "float64", "float16")
+BAD_DTYPES = ("int32", "int64", "bool", "complex64", "object", "uint8", "U1", "datetime64[s]")
+REGIMES = ("normal", "normal", "small", "tiny", "huge", "special", "zeros", "mixed")
+
+
+def size(dec: Decoder, small: bool = False) -> int:
+    return dec.pick(SIZES[:6] if small else SIZES)
+
+
+def values(rng, shape, regime: str) -> np.ndarray:
+    """float64 values of ``shape`` in one magnitude regime."""
+    x = rng.standard_normal(shape)
+    if regime == "small":
+        x *= 0.25
+    elif regime == "tiny":
+        x *= 1e-30
+    elif regime == "huge":
+        x *= 1e4
+    elif regime == "zeros":
+        x[...] = 0.0
+    elif regime == "mixed":
+        x *= 10.0 ** rng.uniform(-30, 4, shape)
+    elif regime == "special":
+        r = rng.random(shape)
+        x[r < 0.1] = np.nan
+        x[(r >= 0.1) & (r < 0.2)] = np.inf
+        x[(r >= 0.2) & (r < 0.3)] = -np.inf
+    return x
+
+
+def typed(x: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype in GOOD_DTYPES:
+        with np.errstate(all="ignore"):
+            return x.astype(dtype)
+    if dtype == "object":
+        a = np.empty(x.shape, dtype=object)
+        a[...] = 0.5
+        return a
+    if dtype == "U1":
+        return np.full(x.shape, "a")
+    with np.errstate(all="ignore"):
+        return np.nan_to_num(x).astype(dtype)
+
+
+def arrange(dec: Decoder, x: np.ndarray, rng):
+    """``x`` (or values broadcast from part of it) in some memory arrangement.
+
+    Returns an array (or nested list) whose logical shape is ``x.shape``."""
+    x = np.asarray(x)
+    for _ in range(dec.int(0, 2)):
+        kind = dec.pick(("none", "neg", "step", "perm", "broadcast", "misalign",
+                         "readonly", "byteswap", "fortran", "list"))
+        nd = x.ndim
+        if kind == "neg" and nd:
+            ax = dec.int(0, nd - 1)
+            x = np.flip(np.flip(x, ax).copy(), ax)
+        elif kind == "step" and nd:
+            ax, k, off = dec.int(0, nd - 1), dec.int(2, 3), dec.int(0, 1)
+            shape = list(x.shape)
+            shape[ax] = shape[ax] * k + off
+            big = np.zeros(shape, dtype=x.dtype)
+            sl = [slice(None)] * nd
+            sl[ax] = slice(off, off + x.shape[ax] * k, k)
+            big[tuple(sl)] = x
+            x = big[tuple(sl)]
+        elif kind == "perm" and nd > 1:
+            perm = rng.permutation(nd)
+            x = np.ascontiguousarray(x.transpose(perm)).transpose(np.argsort(perm))
+        elif kind == "fortran":
+            x = np.asfortranarray(x)
+        elif kind == "broadcast" and nd:
+            ax = dec.int(0, nd - 1)
+            sl = [slice(None)] * nd
+            sl[ax] = slice(0, 1)
+            part = x[tuple(sl)]
+            if part.size or x.size == 0:
+                x = np.broadcast_to(part, x.shape)
+        elif kind == "misalign" and x.dtype.itemsize > 1 and x.dtype != object and x.size:
+            buf = np.zeros(x.nbytes + 1, dtype=np.uint8)
+            y = buf[1:].view(x.dtype).reshape(x.shape)
+            y[...] = x
+            x = y
+        elif kind == "readonly":
+            x = x.copy() if not x.flags.writeable else x
+            x.flags.writeable = False
+        elif kind == "byteswap" and x.dtype.kind in "fiuc":
+            x = x.astype(x.dtype.newbyteorder())
+        elif kind == "list" and x.size <= 64 and x.dtype != object:
+            return x.tolist()
+    return x
+
+
+def operand(dec: Decoder, rng, shape, regime: str, bad_dtype_chance: int = 24):
+    dtype = dec.pick(BAD_DTYPES) if dec.chance(bad_dtype_chance) else dec.pick(GOOD_DTYPES)
+    return arrange(dec, typed(values(rng, shape, regime), dtype), rng)
+
+
+def mask_shape(dec: Decoder, full):
+    """A shape that broadcasts to ``full`` (or, rarely, one that does not)."""
+    shape = [n if dec.bool() else 1 for n in full]
+    drop = dec.int(0, len(full))
+    shape = shape[drop:]
+    if dec.chance(16) and shape:
+        ax = dec.int(0, len(shape) - 1)
+        shape[ax] += dec.int(1, 2)                  # does not broadcast
+    if dec.chance(32):
+        shape = [1] + [2] + shape                   # more dims than the scores
+    return tuple(shape)
+
+
+def make_mask(dec: Decoder, rng, full):
+    kind = dec.pick((None, "bool", "float", "bool", "float", "float16", "float64", "int",
+                     "allfalse", "neginf_rows", "object"))
+    if kind is None:
+        return None
+    shape = mask_shape(dec, full)
+    if kind == "bool":
+        m = rng.random(shape) < dec.pick((0.7, 0.3, 0.0, 1.0, 0.95))
+    elif kind == "allfalse":
+        m = np.zeros(shape, dtype=bool)
+    elif kind in ("float", "float16", "float64"):
+        m = rng.standard_normal(shape)
+        m[rng.random(shape) < dec.pick((0.2, 0.0, 0.9, 1.0))] = -np.inf
+        if dec.chance(8):
+            m[rng.random(shape) < 0.1] = dec.pick((np.nan, np.inf, 1e30, -1e30))
+        with np.errstate(all="ignore"):
+            m = m.astype({"float": np.float32, "float16": np.float16, "float64": np.float64}[kind])
+    elif kind == "neginf_rows":
+        m = np.zeros(shape, dtype=np.float32)
+        if m.ndim >= 2 and m.shape[-2]:
+            m[..., 0, :] = -np.inf
+    elif kind == "int":
+        m = (rng.random(shape) < 0.5).astype(np.int64)
+    else:
+        m = np.empty(shape, dtype=object)
+        m[...] = True
+    return arrange(dec, m, rng)
+
+
+def make_lengths(dec: Decoder, rng, lead, limit):
+    kind = dec.pick((None, "good", "good", "edge", "out", "float", "bool", "scalar", "shape",
+                     "list", "int32"))
+    if kind is None:
+        return None
+    if kind == "scalar":
+        return dec.int(-1, limit + 1)
+    lead = tuple(lead)
+    if kind == "shape":
+        lead = lead + (2,)
+    hi = limit + 1
+    a = rng.integers(0, hi, size=lead) if hi > 0 else np.zeros(lead, dtype=np.int64)
+    if kind == "edge" and a.size:
+        a.flat[0] = dec.pick((0, limit))
+    elif kind == "out" and a.size:
+        a.flat[dec.int(0, a.size - 1)] = dec.pick((-1, limit + 1, 2**62, -(2**62)))
+    elif kind == "float":
+        return a.astype(np.float64)
+    elif kind == "bool":
+        return a > 0
+    elif kind == "list":
+        return a.tolist()
+    elif kind == "int32":
+        a = a.astype(np.int32)
+    if a.ndim and dec.chance(4):
+        a = arrange(dec, a, rng)
+    return a
+
+
+CAUSAL = (False, True, "lower_right", "upper_left", False, "top_left", 1, 0, None, "bogus",
+          np.bool_(True), "lower_Right")
+SCALES = (None, None, 1.0, 0.5, 0.0, -1.0, 1e-30, 1e30, 3, np.float32(0.125), math.inf,
+          -math.inf, math.nan, "1.0", True, 10**400, np.float64(2.0), 1e300, 3.4e38, [1.0])
+DROPOUT = (0.0, 0.0, 0, 0.5, -0.0, np.float32(0.0), "0", None, math.nan)
+LAYOUTS = ("bhld", "blhd", "bhld", "BHLD", None, "bl")
+
+
+def build(data: bytes):
+    """Decode one input into (args, kwargs, meta) for scaled_dot_product_attention."""
+    dec = Decoder(data)
+    rng = np.random.default_rng(dec.seed())
+    meta = {"isa": dec.byte(), "threads": dec.int(1, 3)}
+
+    layout = dec.pick(LAYOUTS)
+    nd = dec.pick((4, 3, 2, 4, 5))
+    small = dec.int(0, 3) != 0                    # most inputs stay tiny
+    nbatch = max(nd - 3, 0)
+    batch = tuple(size(dec, True) for _ in range(nbatch))
+    Hk = size(dec, True)
+    gqa = dec.chance(3)
+    Hq = Hk * dec.int(1, 3) if gqa else Hk
+    if dec.chance(16):
+        Hq = size(dec, True)                      # maybe not a multiple
+    Lq, Lk = size(dec, small), size(dec, small)
+    E, Ev = size(dec, small), size(dec, small) if dec.bool() else None
+    Ev = E if Ev is None else Ev
+    if nd == 3:                                   # (N, L, E): no head axis
+        batch, Hq, Hk = (), Hk, Hk
+    if nd == 2:
+        batch, Hq, Hk = (), 1, 1
+    work = max(math.prod(batch), 1) * max(Hq, 1) * max(Lq, 1) * max(Lk, 1) * max(E, Ev, 1)
+    if work > MAX_WORK:                           # too slow for one input: shrink
+        Lq, Lk = min(Lq, 17), min(Lk, 33)
+
+    def shaped(H, L, D):
+        if nd == 2:
+            return (L, D)
+        if nd == 3:
+            return (H, L, D) if layout != "blhd" else (L, H, D)   # blhd 3-D: (L, H, D)
+        return batch + ((H, L, D) if layout != "blhd" else (L, H, D))
+
+    qshape, kshape, vshape = shaped(Hq, Lq, E), shaped(Hk, Lk, E), shaped(Hk, Lk, Ev)
+    if dec.chance(16):                            # a mismatched dimension
+        which = dec.int(0, 2)
+        shp = list((qshape, kshape, vshape)[which])
+        shp[dec.int(0, len(shp) - 1)] += 1
+        qshape, kshape, vshape = [tuple(shp) if i == which else s
+                                  for i, s in enumerate((qshape, kshape, vshape))]
+    regime = dec.pick(REGIMES)
+    q = operand(dec, rng, qshape, regime)
+    k = operand(dec, rng, kshape, regime if dec.bool() else dec.pick(REGIMES))
+    v = operand(dec, rng, vshape, regime if dec.bool() else dec.pick(REGIMES))
+
+    # scores' shape (B..., Hq, Lq, Lk) as the public API states it
+    if nd == 2:
+        full = (Lq, Lk)
+    elif nd == 3 and layout != "blhd":
+        full = (Hq, Lq, Lk)
+    elif nd == 3:
+        full = (Hq, Lq, Lk)
+    else:
+        full = batch + (Hq, Lq, Lk)
+    mask = make_mask(dec, rng, full)
+    lead = (Hq,) if (nd == 3 and layout != "blhd") else batch
+    kwargs = {}
+    if dec.bool():
+        kwargs["layout"] = layout
+    elif layout != "bhld":
+        kwargs["layout"] = layout
+    kl = make_lengths(dec, rng, lead, Lk)
+    ql = make_lengths(dec, rng, lead, Lq)
+    if kl is not None:
+        kwargs["key_lengths"] = kl
+    if ql is not None:
+        kwargs["query_lengths"] = ql
+    causal = dec.pick(CAUSAL)
+    scale = dec.pick(SCALES)
+    dropout = dec.pick(DROPOUT)
+    enable_gqa = gqa or dec.chance(8)
+    kwargs["need_weights"] = dec.bool()
+    args = (q, k, v, mask, dropout, causal, scale, enable_gqa)
+    meta.update(regime=regime, small=small)
+    meta["helpers"] = (dec.int(-2, 9), dec.int(-2, 9), dec.bool(), dec.byte())
+    return args, kwargs, meta
+
+
+# --------------------------------------------------------------- checking
+
+def _snapshot(x):
+    if isinstance(x, np.ndarray) and x.dtype != object:
+        return (x.shape, x.dtype, x.tobytes())
+    return None
+
+
+def _finite_small(*arrays, neginf_ok=False) -> bool:
+    """Every float array finite (or -inf, for masks) and of moderate magnitude."""
+    for a in arrays:
+        if a is None:
+            continue
+        a = np.asarray(a)
+        if a.dtype.kind != "f":
+            continue
+        ok = np.isfinite(a) | (np.isneginf(a) if neginf_ok else False)
+        if not np.all(ok):
+            return False
+        fin = np.abs(a[np.isfinite(a)].astype(np.float64))
+        if fin.size and (fin.max() > 8.0 or fin[fin != 0].min(initial=1.0) < 1e-20):
+            return False
+    return True
+
+
+def _close(actual, expected, what):
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != reference {e.shape}"
+    assert np.array_equal(np.isnan(a), np.isnan(e)), f"{what}: NaN positions differ from the reference"
+    fin = np.isfinite(e)
+    assert np.array_equal(np.isinf(a), np.isinf(e)) and np.array_equal(a[~fin & ~np.isnan(e)],
+                                                                       e[~fin & ~np.isnan(e)]), \
+        f"{what}: infinities differ from the reference"
+    err = np.abs(a[fin] - e[fin])
+    tol = ATOL + RTOL * np.abs(e[fin])
+    if err.size and not np.all(err <= tol):
+        i = int(np.argmax(err - tol))
+        raise AssertionError(f"{what}: {int(np.sum(err > tol))} element(s) outside atol={ATOL}, "
+                             f"rtol={RTOL}; worst |diff| {err[i]:.3g} (reference {e[fin][i]!r})")
+
+
+def _expected_shapes(q, k, v, layout, need_weights):
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    out_shape = q.shape[:-1] + (v.shape[-1],)
+    if q.ndim == 2:
+        w_shape = (q.shape[0], k.shape[0])
+    elif layout == "blhd":
+        w_shape = q.shape[:-3] + (q.shape[-2], q.shape[-3], k.shape[-3])
+    else:
+        w_shape = q.shape[:-1] + (k.shape[-2],)
+    return out_shape, w_shape
+
+
+def _helpers(meta):
+    """The mask helpers with fuzzed sizes: answers or documented exceptions."""
+    import attnx
+    a, b, lower, n = meta["helpers"]
+    try:
+        m = attnx.causal_mask(a, b, lower_right=lower)
+        assert m.dtype == np.bool_ and m.shape == (a, b), (m.dtype, m.shape)
+    except ALLOWED:
+        pass
+    try:
+        lengths = np.array([n % 7 - 1, a, b])
+        m = attnx.padding_mask(lengths, b)
+        assert m.dtype == np.bool_, m.dtype
+    except ALLOWED:
+        pass
+
+
+def run_one(data: bytes, tolerate_known: bool = False) -> None:
+    """Decode ``data``, call attnx, check the answer (see the module docstring).
+
+    With ``tolerate_known``, an exception listed in KNOWN_BUGS passes."""
+    import attnx
+    from attnx import _attnx
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args, kwargs, meta = build(data)
+        isas = _attnx.available_isas()
+        previous_isa, previous_threads = _attnx.isa(), attnx.get_num_threads()
+        _attnx.set_isa(isas[meta["isa"] % len(isas)])
+        attnx.set_num_threads(meta["threads"])
+        snaps = [_snapshot(x) for x in list(args[:4]) + [kwargs.get("key_lengths"),
+                                                         kwargs.get("query_lengths")]]
+        try:
+            try:
+                result = attnx.scaled_dot_product_attention(*args, **kwargs)
+            except ALLOWED as exc:
+                STATS[type(exc).__name__] += 1
+                _helpers(meta)
+                return
+            except Exception as exc:
+                if tolerate_known and known_bug(exc):
+                    STATS["known bug"] += 1
+                    return
+                raise
+            STATS["returned"] += 1
+            q, k, v, mask = args[:4]
+            need_weights = kwargs["need_weights"]
+            layout = kwargs.get("layout", "bhld")
+            # the inputs are never modified
+            for x, s in zip(list(args[:4]) + [kwargs.get("key_lengths"), kwargs.get("query_lengths")],
+                            snaps):
+                if s is not None:
+                    assert (x.shape, x.dtype, x.tobytes()) == s, "an input was modified"
+            out_shape, w_shape = _expected_shapes(q, k, v, layout, need_weights)
+            if need_weights:
+                assert isinstance(result, tuple) and len(result) == 2, type(result)
+                out, w = result
+                assert isinstance(w, np.ndarray) and w.dtype == np.float32, "weights: not float32"
+                assert w.shape == w_shape, f"weights shape {w.shape}, expected {w_shape}"
+            else:
+                out, w = result, None
+            assert isinstance(out, np.ndarray) and out.dtype == np.float32, "out: not float32"
+            assert out.shape == out_shape, f"out shape {out.shape}, expected {out_shape}"
+
+            scale = args[6]
+            small_scale = scale is None or (isinstance(scale, (int, float, np.floating))
+                                            and not isinstance(scale, bool) and abs(scale) <= 2)
+            size = np.asarray(q).size + np.asarray(k).size + np.asarray(v).size
+            if small_scale and size <= 20_000 and _finite_small(q, k, v) and \
+                    _finite_small(mask, neginf_ok=True):
+                STATS["compared with reference"] += 1
+                ref = attnx.reference(*args, **kwargs)
+                if need_weights:
+                    _close(out, ref[0], "out")
+                    _close(w, ref[1], "weights")
+                else:
+                    _close(out, ref, "out")
+            _helpers(meta)
+        finally:
+            _attnx.set_isa(previous_isa)
+            attnx.set_num_threads(previous_threads)
+
+
+# ----------------------------------------------------------------- drivers
+
+def describe(data: bytes) -> str:
+    """A readable account of what an input decodes to (for bug reports)."""
+    args, kwargs, meta = build(data)
+
+    def d(x):
+        if isinstance(x, np.ndarray):
+            return (f"ndarray(shape={x.shape}, dtype={x.dtype}, strides={x.strides}, "
+                    f"aligned={x.flags.aligned}, writeable={x.flags.writeable})")
+        if isinstance(x, list):
+            return f"list(len={len(x)})"
+        return repr(x)
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    lines = [f"{n} = {d(a)}" for n, a in zip(names, args)]
+    lines += [f"{n} = {d(a)}" for n, a in kwargs.items()]
+    lines.append(f"meta = {meta}")
+    return "\n".join(lines)
+
+
+def main(argv):
+    if len(argv) > 1 and argv[1] in ("--replay", "--describe"):
+        for path in argv[2:]:
+            with open(path, "rb") as f:
+                data = f.read()
+            print(f"== {path}")
+            print(describe(data))
+            if argv[1] == "--replay":
+                run_one(data)
+                print("ok")
+        return
+    import atheris
+    with atheris.instrument_imports(include=["attnx"]):
+        import attnx  # noqa: F401  (instrumented for coverage of the Python side)
+    atheris.instrument_func(build)
+    atheris.Setup(argv, lambda data: run_one(data, tolerate_known=True))
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

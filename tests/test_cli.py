@@ -1,0 +1,162 @@
+"""The command line, each command in a subprocess: ``python -m attnx [info|demo|bench]``.
+
+Mistakes print one ``error:`` line and exit 2, never a traceback; ignored
+environment settings are reported as a ``warning:`` line. The benchmark is
+run through a hidden ``--smoke`` option: one tiny row through its own
+machinery (the real runs take minutes and belong to ``python -m attnx bench``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx.__main__ import SENTENCE, demo_inputs
+
+
+def run(*args, env=None, timeout=120):
+    e = dict(os.environ)
+    e.update(env or {})
+    e = {k: v for k, v in e.items() if v is not None}
+    res = subprocess.run([sys.executable, "-m", "attnx", *args], capture_output=True, text=True,
+                         env=e, timeout=timeout)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res
+
+
+def one_error_line(res, *fragments):
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "error:" in lines[0]
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def test_default_runs_info_then_demo():
+    res = run()
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert out.startswith(f"attnx {attnx.__version__} (numpy ")
+    assert re.search(r"^instruction set: \w+ \(available here: ", out, re.M)
+    assert re.search(r"^threads: \d+ ", out, re.M)
+    assert f'self-attention over "{SENTENCE}"' in out
+    assert out.rstrip().endswith("-> OK")
+
+
+def test_info_reports_the_build():
+    res = run("info", env={"ATTNX_ISA": "scalar", "ATTNX_NUM_THREADS": "3"})
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith(f"attnx {attnx.__version__} ")
+    assert lines[1].startswith("extension: ") and "_attnx" in lines[1]
+    available = ", ".join(attnx._attnx.available_isas())
+    assert f"instruction set: scalar (available here: {available};" in res.stdout
+    assert "threads: 3 (from ATTNX_NUM_THREADS" in res.stdout
+    assert re.search(r"^optional: torch .*; matplotlib ", res.stdout, re.M)
+    assert "self-attention" not in res.stdout          # info alone, no demo
+
+
+@pytest.mark.parametrize("value, why", [
+    ("avx1024", "is not an instruction set"),
+    ("AVX2", "is not an instruction set"),               # names are lower-case in the C core
+    ("neon" if attnx._attnx.available_isas()[-1] != "neon" else "avx2", "is not available on this CPU"),
+])
+def test_ignored_isa_request_is_a_warning(value, why):
+    res = run("info", env={"ATTNX_ISA": value})
+    assert res.returncode == 0
+    (line,) = res.stderr.strip().splitlines()
+    best = attnx._attnx.available_isas()[-1]
+    assert line.startswith(f"warning: ATTNX_ISA={value!r} {why}")
+    assert f"; using {best} (available here: " in line      # the C core's fallback: the best ISA
+    assert f"instruction set: {best} " in res.stdout
+
+
+@pytest.mark.parametrize("value", ["-3", "two", "100000"])
+def test_ignored_thread_count_is_a_warning(value):
+    res = run("info", env={"ATTNX_NUM_THREADS": value, "OMP_NUM_THREADS": None})
+    assert res.returncode == 0
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"warning: ATTNX_NUM_THREADS={value!r} is ignored")
+    assert "one per CPU" in res.stdout
+
+
+def test_demo_prints_the_weights_table_and_checks_them():
+    res = run("demo")
+    assert res.returncode == 0, res.stderr
+    tokens, x = demo_inputs()
+    _, w = attnx.scaled_dot_product_attention(x, x, x, need_weights=True)
+    rows = {}
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == len(tokens) + 1 and parts[0] in tokens:
+            rows[parts[0]] = [float(p) for p in parts[1:]]
+    assert list(rows) == list(dict.fromkeys(tokens))    # one row per token ("the" twice: once)
+    for i, t in enumerate(tokens):
+        if tokens.index(t) == i:
+            np.testing.assert_allclose(rows[t], w[i], atol=0.006)
+    header = [line for line in res.stdout.splitlines() if line.split()[:2] == ["The", "anima"]]
+    assert len(header) == 1
+    assert re.search(r"max \|attnx - float64 reference\| = \S+ -> OK", res.stdout)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["info", "--help"], ["demo", "--help"],
+                                  ["bench", "--help"]])
+def test_help(args):
+    res = run(*args)
+    assert res.returncode == 0 and res.stderr == ""
+    prog = " ".join(["python -m attnx"] + args[:-1])
+    assert res.stdout.startswith(f"usage: {prog} ")
+    if args[0] == "bench":
+        for opt in ("--quick", "--json", "--threads", "--repeats"):
+            assert opt in res.stdout
+        assert "--smoke" not in res.stdout                 # for the tests only
+    if args == ["--help"]:
+        assert all(c in res.stdout for c in ("info", "demo", "bench", "ATTNX_ISA"))
+
+
+def test_version():
+    res = run("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"attnx {attnx.__version__}"
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+    (["--bogus"], ["unrecognized arguments: --bogus"]),
+    (["demo", "extra"], ["unrecognized arguments: extra"]),
+    (["bench", "--threads", "-3"], ["--threads", "got -3"]),
+    (["bench", "--threads", "100000"], ["--threads", "got 100000"]),
+    (["bench", "--threads", "abc"], ["--threads", "invalid int value: 'abc'"]),
+    (["bench", "--repeats", "-1"], ["--repeats", "got -1"]),
+    (["bench", "--quik"], ["unrecognized arguments: --quik"]),
+])
+def test_user_mistakes_are_one_line(args, fragments):
+    line = one_error_line(run(*args), *fragments)
+    assert line.startswith("python -m attnx")
+
+
+def test_bench_smoke_row_json():
+    res = run("bench", "--smoke", "--json", "--threads", "1", timeout=180)
+    assert res.returncode == 0, res.stderr
+    (line,) = res.stdout.strip().splitlines()
+    row = json.loads(line)
+    assert row["case"].startswith("smoke") and row["threads"] == 1
+    assert row["attnx_s"] > 0 and row["attnx_gflops"] > 0
+    assert row["numpy_s"] > 0 and row["vs_numpy"] > 0
+
+
+def test_bench_smoke_table():
+    res = run("bench", "--smoke", timeout=180)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith(f"attnx {attnx.__version__}, ISA ")
+    assert lines[2].split()[:4] == ["case", "attnx", "torch", "numpy"]
+    assert lines[3].startswith("smoke ") and len(lines) == 4

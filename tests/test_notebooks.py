@@ -1,0 +1,76 @@
+"""The notebooks in examples/ run top to bottom, headless, and are committed without outputs."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+NOTEBOOKS = ["tour.ipynb", "compare.ipynb"]
+CELL_TIMEOUT = 180          # seconds per cell; the whole compare notebook takes ~20 s
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_without_outputs(name):
+    """Outputs are cleared in the repository (the notebooks are run by this test, not stored run)."""
+    nb = json.loads((EXAMPLES / name).read_text(encoding="utf-8"))
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code, f"{name} has no code cells"
+    for i, cell in enumerate(code):
+        assert cell.get("outputs") == [] and cell.get("execution_count") is None, \
+            f"{name}: code cell {i} has outputs; clear them before committing"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs(name, tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("matplotlib")
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(EXAMPLES / name, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+        # run in a scratch directory: a notebook that writes files leaves nothing behind
+        resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        pytest.fail(f"{name}: a cell failed:\n{exc}", pytrace=False)
+
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), f"{name}: not every cell ran"
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, f"{name}: {errors}"
+    images = sum(1 for c in code for o in c.outputs if "image/png" in o.get("data", {}))
+    assert images >= {"tour.ipynb": 4, "compare.ipynb": 1}[name], f"{name}: only {images} figures shown"
+    # No figure is shown twice, and no cell ends by printing a matplotlib object's repr:
+    # plot_attention returns a pyplot figure, which a notebook shows at the end of the cell
+    # anyway, so the notebooks assign the result (or end the line with ";").
+    for i, c in enumerate(code):
+        shown = [o for o in c.outputs if "image/png" in o.get("data", {})]
+        assert len(shown) <= 1, f"{name}: code cell {i} shows {len(shown)} images:\n{c.source}"
+        reprs = [o for o in c.outputs if o.output_type == "execute_result"
+                 and "matplotlib" in o.get("data", {}).get("text/plain", "")]
+        assert not reprs, f"{name}: code cell {i} ends with a matplotlib object:\n{c.source}"
+
+
+def test_readme_figure_script(tmp_path):
+    """examples/make_readme_figure.py runs and draws what docs/attention.png shows."""
+    pytest.importorskip("matplotlib")
+    import subprocess
+    import sys
+
+    from matplotlib.image import imread
+
+    out = tmp_path / "attention.png"
+    r = subprocess.run([sys.executable, str(EXAMPLES / "make_readme_figure.py"), str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    committed = EXAMPLES.parent / "docs" / "attention.png"
+    assert imread(out).shape == imread(committed).shape, "regenerate docs/attention.png"

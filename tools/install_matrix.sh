@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# tools/install_matrix.sh: attnx installs where users are (issue 5, item 6).
+#
+#   1. `python -m build` makes an sdist and a wheel (the wheel built from the sdist,
+#      so a file missing from the sdist breaks the build here, not on a user's machine);
+#   2. the wheel goes into a fresh venv (not editable) with the test dependencies
+#      and torch==2.13.0, and the whole pytest suite runs against the installed
+#      package, from a copy of tests/ outside the source tree, after asserting that
+#      `import attnx` resolves to that venv's site-packages;
+#   3. the same wheel on NumPy 1.26 at run time (built against NumPy 2);
+#   4. the oldest and the newest Python among 3.9-3.13 found on this machine: a
+#      wheel built from the sdist by that Python, installed and tested the same way
+#      (without torch: torch==2.13.0 is not there for them, and an unpinned torch
+#      from PyPI is a CUDA build of several GB; the torch tests skip).
+#
+# Usage: tools/install_matrix.sh [--quick]   (--quick: skip step 4)
+# Env:   PYTHON (the build Python, default python3), ATTNX_MATRIX_DIR (work dir,
+#        default a fresh mktemp -d; removed on success unless ATTNX_MATRIX_KEEP=1),
+#        ATTNX_MATRIX_PYTHONS ("3.9 3.13" to choose the extra Pythons by hand).
+# Prints a summary and exits non-zero when any step fails.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PY="${PYTHON:-python3}"
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+WORK="${ATTNX_MATRIX_DIR:-$(mktemp -d /tmp/attnx-matrix.XXXXXX)}"
+mkdir -p "$WORK"
+LOG="$WORK/logs"; mkdir -p "$LOG"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
+TEST_DEPS=("pytest>=7" "pytest-timeout>=2" "hypothesis>=6")
+SUMMARY=()
+FAILED=0
+T0=$SECONDS
+
+note() { printf '\n== %s\n' "$*"; }
+record() {   # record NAME STATUS SECONDS [DETAIL]
+    SUMMARY+=("$(printf '%-34s %-5s %4ss  %s' "$1" "$2" "$3" "${4:-}")")
+    [ "$2" = PASS ] || FAILED=1
+}
+# step NAME LOGFILE CMD...: run CMD with its output in LOGFILE (tail shown on failure)
+step() {
+    local name=$1 log=$2; shift 2
+    local t=$SECONDS
+    if "$@" >"$log" 2>&1; then
+        echo "   ok: $name ($((SECONDS - t)) s)"
+        return 0
+    fi
+    echo "   FAILED: $name ($((SECONDS - t)) s); last lines of $log:"
+    tail -n 30 "$log" | sed 's/^/     | /'
+    return 1
+}
+
+# ------------------------------------------------------------------ 1. build
+note "1. python -m build (sdist + wheel) with $($PY -V 2>&1)"
+t=$SECONDS
+DIST="$WORK/dist"
+# The build frontend runs from $WORK: a build/ folder in the source tree (setuptools'
+# output) would shadow the `build` package for `python -m build` run from $ROOT.
+if step "venv for the build frontend" "$LOG/tools-venv.log" \
+        bash -c "'$PY' -m venv '$WORK/venv-tools' && '$WORK/venv-tools/bin/pip' install -q build" &&
+   step "python -m build" "$LOG/build.log" \
+        bash -c "cd '$WORK' && '$WORK/venv-tools/bin/python' -m build --outdir '$DIST' '$ROOT'"; then
+    SDIST=$(ls "$DIST"/attnx-*.tar.gz 2>/dev/null | head -n1)
+    WHEEL=$(ls "$DIST"/attnx-*.whl 2>/dev/null | head -n1)
+    if [ -n "$SDIST" ] && [ -n "$WHEEL" ]; then
+        record "build sdist + wheel" PASS $((SECONDS - t)) "$(basename "$SDIST") $(basename "$WHEEL")"
+    else
+        record "build sdist + wheel" FAIL $((SECONDS - t)) "no sdist or no wheel in $DIST"
+    fi
+else
+    record "build sdist + wheel" FAIL $((SECONDS - t)) "see $LOG/build.log"
+    SDIST=""; WHEEL=""
+fi
+
+# A copy of the tests outside the source tree: nothing there can be imported as attnx.
+SUITE="$WORK/suite"
+rm -rf "$SUITE"; mkdir -p "$SUITE"
+cp -r "$ROOT/tests" "$SUITE/tests"
+# data the tests read beside tests/ (the notebooks of examples/), never the package
+[ -d "$ROOT/examples" ] && cp -r "$ROOT/examples" "$SUITE/examples"
+find "$SUITE" -name __pycache__ -prune -exec rm -rf {} +
+[ -e "$SUITE/attnx" ] && { echo "internal error: $SUITE/attnx exists"; exit 2; }
+
+# run_suite NAME VENV: assert attnx comes from VENV's site-packages, run the main
+# job and the pytest suite from $SUITE (the same process imports attnx first, so
+# the suite runs on exactly the module that was checked).
+run_suite() {
+    local name=$1 venv=$2
+    local py="$venv/bin/python"
+    (cd "$SUITE" && "$py" - "$ROOT" "$venv" <<'PYEOF'
+import os, sys
+root, venv = (os.path.realpath(p) for p in sys.argv[1:3])
+import numpy, attnx, attnx._attnx as ext
+for mod in (attnx, ext):
+    f = os.path.realpath(mod.__file__)
+    assert f.startswith(venv + os.sep) and "site-packages" in f, f"{mod.__name__} from {f}, not {venv}"
+    assert not f.startswith(root + os.sep), f"{mod.__name__} imported from the source tree: {f}"
+print(f"attnx {attnx.__version__} from {os.path.dirname(attnx.__file__)}; "
+      f"Python {sys.version.split()[0]}, NumPy {numpy.__version__}, ISA {attnx.isa()}")
+PYEOF
+    ) || return 1
+    (cd "$SUITE" && "$py" -m attnx >/dev/null) || { echo "python -m attnx failed"; return 1; }
+    (cd "$SUITE" && "$py" - <<'PYEOF'
+import os, sys
+import attnx          # checked above: the installed package
+import pytest
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", os.getcwd(),
+                      "-o", "timeout=300", "-ra", "tests"]))
+PYEOF
+    )
+}
+
+# env_test NAME PYTHON INSTALLABLE [EXTRA PIP ARGS...]: fresh venv, install, test
+env_test() {
+    local name=$1 python=$2 pkg=$3; shift 3
+    local venv="$WORK/venv-$name" t=$SECONDS
+    note "$name: $($python -V 2>&1), installing $(basename "$pkg") $*"
+    rm -rf "$venv"
+    if ! step "venv + install" "$LOG/$name-install.log" \
+            bash -c "'$python' -m venv '$venv' && '$venv/bin/python' -m pip install -q --no-compile \"\$@\"" _ \
+            "$pkg" "${TEST_DEPS[@]}" "$@"; then
+        record "$name" FAIL $((SECONDS - t)) "install failed: $LOG/$name-install.log"
+        return
+    fi
+    local np; np=$("$venv/bin/python" -c "import numpy; print(numpy.__version__)" 2>/dev/null)
+    local torchv; torchv=$("$venv/bin/python" -c "import torch; print(torch.__version__)" 2>/dev/null || echo none)
+    if step "tests against the installed package" "$LOG/$name-tests.log" run_suite "$name" "$venv"; then
+        record "$name" PASS $((SECONDS - t)) "numpy $np, torch $torchv: $(grep -E '[0-9]+ passed' "$LOG/$name-tests.log" | tail -n1)"
+    else
+        record "$name" FAIL $((SECONDS - t)) "numpy $np, torch $torchv: see $LOG/$name-tests.log"
+    fi
+}
+
+# ------------------------------------------------- 2. the wheel, NumPy 2.x, torch
+if [ -n "$WHEEL" ]; then
+    PYV=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    env_test "py$PYV-wheel-numpy2" "$PY" "$WHEEL" "numpy>=2" "torch==2.13.0"
+    # ------------------------------------------------ 3. NumPy 1.26 at run time
+    # torch 2.13 imports and runs with NumPy 1.26 (its NumPy bridge checked by the
+    # torch tests), so it stays in.
+    env_test "py$PYV-wheel-numpy1.26" "$PY" "$WHEEL" "numpy==1.26.*" "torch==2.13.0"
+    v=$("$WORK/venv-py$PYV-wheel-numpy1.26/bin/python" -c "import numpy; print(numpy.__version__)" 2>/dev/null)
+    case "$v" in 1.26.*) ;; *) record "numpy 1.26 really installed" FAIL 0 "got numpy '$v'";; esac
+fi
+
+# ------------------------------------- 4. oldest and newest Python among 3.9-3.13
+find_python() {   # the interpreter for version X.Y, or nothing
+    local v=$1 c
+    for c in "python$v" "/root/.pyenv/versions/$v"*/bin/python "/usr/bin/python$v" "/usr/local/bin/python$v"; do
+        if command -v "$c" >/dev/null 2>&1 && "$c" -c "import sys, venv; assert sys.version_info[:2] == tuple(map(int, '$v'.split('.')))" 2>/dev/null; then
+            command -v "$c"; return 0
+        fi
+    done
+    return 1
+}
+if [ "$QUICK" = 0 ] && [ -n "$SDIST" ]; then
+    FOUND=()
+    for v in 3.9 3.10 3.11 3.12 3.13; do
+        p=$(find_python $v) && FOUND+=("$v=$p")
+    done
+    echo; echo "Pythons 3.9-3.13 on this machine: ${FOUND[*]:-none}"
+    if [ -n "${ATTNX_MATRIX_PYTHONS:-}" ]; then
+        WANT=($ATTNX_MATRIX_PYTHONS)
+    elif [ ${#FOUND[@]} -ge 1 ]; then
+        WANT=("${FOUND[0]%%=*}" "${FOUND[-1]%%=*}")
+    else
+        WANT=()
+    fi
+    [ ${#FOUND[@]} -lt 2 ] && record "oldest+newest Python present" FAIL 0 "found only: ${FOUND[*]:-none}"
+    done_v=""
+    for v in "${WANT[@]}"; do
+        case " $done_v " in *" $v "*) continue;; esac
+        done_v="$done_v $v"
+        p=$(find_python "$v") || { record "py$v-from-sdist" FAIL 0 "python$v not found"; continue; }
+        t=$SECONDS
+        note "py$v: wheel built from the sdist by $p"
+        rm -rf "$WORK/dist-$v" "$WORK/venv-build-$v"
+        if step "pip wheel (isolated build: numpy>=2 for this Python)" "$LOG/py$v-wheel.log" \
+                bash -c "'$p' -m venv '$WORK/venv-build-$v' && '$WORK/venv-build-$v/bin/python' -m pip wheel -q --no-deps -w '$WORK/dist-$v' '$SDIST'"; then
+            w=$(ls "$WORK/dist-$v"/attnx-*.whl | head -n1)
+            env_test "py$v-from-sdist" "$p" "$w"
+        else
+            record "py$v-from-sdist" FAIL $((SECONDS - t)) "wheel build failed: $LOG/py$v-wheel.log"
+        fi
+    done
+fi
+
+# ---------------------------------------------------------------- summary
+echo
+echo "================ install matrix summary ($((SECONDS - T0)) s, work dir $WORK)"
+printf '%s\n' "${SUMMARY[@]}"
+if [ "$FAILED" != 0 ]; then
+    echo "install matrix: FAILED (logs in $LOG)"
+    exit 1
+fi
+echo "install matrix: all passed"
+if [ "${ATTNX_MATRIX_KEEP:-0}" != 1 ] && [ -z "${ATTNX_MATRIX_DIR:-}" ]; then
+    rm -rf "$WORK"
+fi
