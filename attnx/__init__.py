@@ -9,6 +9,7 @@ scaled_dot_product_attention  PyTorch's F.scaled_dot_product_attention, for NumP
 MultiHeadAttention            the multi-head layer of the seeds (and of torch.nn)
 causal_mask, padding_mask     the boolean masks (True = may attend)
 reference                     the same attention in float64 NumPy (a test oracle)
+plot_attention                heatmaps of attention weights (needs matplotlib: attnx[plot])
 get_num_threads, set_num_threads, isa
 """
 
