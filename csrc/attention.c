@@ -86,11 +86,12 @@ static void pack_queries(const job *jb, const scratch *s, const float *q, int nq
         return;
     }
     const int padded = (nq + 15) & ~15;   /* qk reads whole vectors of up to 16 columns */
-    for (int64_t d = 0; d < p->D; d++) {
-        float *qd = s->qt + d * BQ;
-        for (int i = 0; i < nq; i++) qd[i] = p->scale * q[i * p->q.sl + d];
-        for (int i = nq; i < padded; i++) qd[i] = 0.0f;
+    for (int i = 0; i < nq; i++) {         /* row by row: contiguous reads, no shuffles */
+        const float *qi = q + i * p->q.sl;
+        for (int64_t d = 0; d < p->D; d++) s->qt[d * BQ + i] = p->scale * qi[d];
     }
+    for (int64_t d = 0; d < p->D; d++)
+        for (int i = nq; i < padded; i++) s->qt[d * BQ + i] = 0.0f;
 }
 
 /* Scores of one tile, masked: st (nk, BQ) = scale * Q[i0..] · K[j0..]ᵀ (+ masks). */
@@ -105,6 +106,8 @@ static void tile_scores(const job *jb, const scratch *s, int64_t b, int64_t h, c
     apply_masks(p, b, h, i0, nq, j0, nk, offset, s->st);
 }
 
+/* 1 if none of o[0 .. n) is inf or NaN. (The accumulator block is checked in
+ * one pass; its padding columns stay 0.) */
 static int row_finite(const float *o, int64_t n)
 {
     uint32_t bad = 0;      /* an all-ones exponent is inf or NaN; OR-reduced, so it vectorises */
@@ -207,12 +210,17 @@ static void run_item(job *jb, scratch *s, int64_t item)
             memcpy(part + 2 * BQ, s->acc, sizeof(float) * (size_t)nq * (size_t)jb->ldacc);
             return;
         }
+        const int clean = row_finite(s->acc, nq * jb->ldacc);   /* the usual case: one pass */
         for (int i = 0; i < nq; i++) {      /* normalise once; nothing allowed: zeros */
-            const int none = s->l[i] == 0.0f;  /* (acc may hold 0 * inf = NaN then) */
-            const float inv = none ? 0.0f : 1.0f / s->l[i];
-            for (int64_t d = 0; d < p->Dv; d++)
-                out[i * p->out_sl + d] = none ? 0.0f : s->acc[i * jb->ldacc + d] * inv;
-            repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
+            float *o = out + i * p->out_sl;
+            const float *a = s->acc + i * jb->ldacc;
+            if (s->l[i] == 0.0f) {              /* (acc may hold 0 * inf = NaN then) */
+                for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
+            } else {
+                const float inv = 1.0f / s->l[i];
+                for (int64_t d = 0; d < p->Dv; d++) o[d] = a[d] * inv;
+            }
+            if (!clean) repair_row(p, b, h, i0 + i, s->m[i], s->l[i], o);
         }
         return;
     }
@@ -236,11 +244,11 @@ static void run_item(job *jb, scratch *s, int64_t item)
             for (int j = 0; j < nk; j++) w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
         kt->pv(s->st, BQ, nq, v + j0 * p->v.sl, p->v.sl, nk, p->Dv, NULL, s->acc, jb->ldacc);
     }
+    const int clean = row_finite(s->acc, nq * jb->ldacc);
     for (int i = 0; i < nq; i++) {
-        const int none = s->l[i] == 0.0f;
-        for (int64_t d = 0; d < p->Dv; d++)
-            out[i * p->out_sl + d] = none ? 0.0f : s->acc[i * jb->ldacc + d];
-        repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
+        if (s->l[i] == 0.0f) memset(out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
+        else memcpy(out + i * p->out_sl, s->acc + i * jb->ldacc, sizeof(float) * (size_t)p->Dv);
+        if (!clean) repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
         if (s->l[i] != s->l[i])            /* a NaN row is NaN throughout, skipped keys too */
             for (int64_t j = 0; j < p->Lk; j++) w[i * p->Lk + j] = NAN;
     }
