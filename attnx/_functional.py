@@ -224,6 +224,8 @@ def _prepare(query: object, key: object, value: object, attn_mask: object, dropo
                     f"if 1 means attend, or mask == 0 if 1 means blocked")
             if m.dtype != dtype:
                 m = m.astype(dtype)
+        if not m.flags.aligned:      # before broadcasting: never copy an expanded view
+            m = m.copy()
         if m.ndim > len(full):
             raise ValueError(f"attn_mask with shape {_shape(m)} has more dimensions than the scores {full}")
         try:
@@ -232,8 +234,6 @@ def _prepare(query: object, key: object, value: object, attn_mask: object, dropo
             raise ValueError(
                 f"attn_mask with shape {_shape(m0)} does not broadcast to the "
                 f"scores' shape (B..., Hq, Lq, Lk) = {full}") from None
-        if not m.flags.aligned:
-            m = m.copy()
         mask4 = m.reshape((B, Hq, Lq, Lk))
 
     heads_are_batch = nd == 3 and layout == "bhld"
