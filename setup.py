@@ -2,7 +2,7 @@
 
 Every SIMD variant is compiled into the same extension side by side: each
 kernels_<isa>.c enables its instruction set for itself with a target pragma,
-so no global flag (never -march=native) ties the build to this CPU. The
+so no global flag ties the build to the CPU it was built on. The
 kernels are chosen at run time (csrc/dispatch.c).
 """
 
