@@ -88,9 +88,10 @@ const attnx_kernels *attnx_active_kernels(void);
 
 /* exp(x) for float, the polynomial every kernel uses (Cephes' expf: a degree-6
  * polynomial on [-ln2/2, ln2/2] after range reduction by ln2; within 1 ulp of
- * the correctly rounded exp on [-87.3, 0], checked by tests/c; 2 ulp on
- * [-87.3, 88]; larger x is clamped to 88). exp(-inf) and anything below -87.33 give exactly 0; NaN
- * gives NaN. The SIMD versions in kernels_simd.h follow the same steps. */
+ * the correctly rounded exp on [-87.3, 0], checked by tests/c; the kernels
+ * never pass a positive x, and x > 88 is clamped to 88). exp(-inf) and
+ * anything below -87.33 give exactly 0; NaN gives NaN. The SIMD versions in
+ * kernels_simd.h follow the same steps. */
 #define ATTNX_EXP_LO (-87.3365478515625f)
 #define ATTNX_EXP_HI 88.0f
 #define ATTNX_LOG2E 1.44269504088896341f
