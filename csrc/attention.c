@@ -150,6 +150,28 @@ static void repair_row(const attnx_problem *p, int64_t b, int64_t h, int64_t i, 
     }
 }
 
+/* The item's output rows from its accumulator: acc / l (normalise = 1) or acc
+ * as it is (0: the weights were normalised already); zeros where nothing was
+ * allowed (l = 0, and acc may hold 0 * inf = NaN then); rows with inf or NaN
+ * recomputed by repair_row. out: (nq, Dv) rows out_sl apart. */
+static void write_rows(const job *jb, const scratch *s, int64_t b, int64_t h, int64_t i0, int nq,
+                       float *out, int normalise)
+{
+    const attnx_problem *p = jb->p;
+    const int clean = row_finite(s->acc, nq * jb->ldacc);   /* the usual case: one pass */
+    for (int i = 0; i < nq; i++) {
+        float *o = out + i * p->out_sl;
+        const float *a = s->acc + i * jb->ldacc;
+        if (s->l[i] == 0.0f) {
+            for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
+        } else {
+            const float inv = normalise ? 1.0f / s->l[i] : 1.0f;
+            for (int64_t d = 0; d < p->Dv; d++) o[d] = a[d] * inv;
+        }
+        if (!clean) repair_row(p, b, h, i0 + i, s->m[i], s->l[i], o);
+    }
+}
+
 // one item: queries i0 .. i0+BQ-1 of head (b, h), against one range of keys
 static void run_item(job *jb, scratch *s, int64_t item)
 {
@@ -210,18 +232,7 @@ static void run_item(job *jb, scratch *s, int64_t item)
             memcpy(part + 2 * BQ, s->acc, sizeof(float) * (size_t)nq * (size_t)jb->ldacc);
             return;
         }
-        const int clean = row_finite(s->acc, nq * jb->ldacc);   /* the usual case: one pass */
-        for (int i = 0; i < nq; i++) {      /* normalise once; nothing allowed: zeros */
-            float *o = out + i * p->out_sl;
-            const float *a = s->acc + i * jb->ldacc;
-            if (s->l[i] == 0.0f) {              /* (acc may hold 0 * inf = NaN then) */
-                for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
-            } else {
-                const float inv = 1.0f / s->l[i];
-                for (int64_t d = 0; d < p->Dv; d++) o[d] = a[d] * inv;
-            }
-            if (!clean) repair_row(p, b, h, i0 + i, s->m[i], s->l[i], o);
-        }
+        write_rows(jb, s, b, h, i0, nq, out, 1);
         return;
     }
 
@@ -233,9 +244,8 @@ static void run_item(job *jb, scratch *s, int64_t item)
         kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
     }
     float *inv_l = s->alpha;
-    for (int i = 0; i < BQ; i++) inv_l[i] = (i < nq && s->l[i] != 0.0f) ? 1.0f / s->l[i] : 0.0f;
-    for (int i = 0; i < nq; i++)
-        if (s->l[i] != s->l[i]) inv_l[i] = s->l[i];           /* NaN propagates */
+    for (int i = 0; i < BQ; i++)      /* a NaN sum gives a NaN inverse: it propagates */
+        inv_l[i] = (i < nq && s->l[i] != 0.0f) ? 1.0f / s->l[i] : 0.0f;
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         const int nk = (int)min64(BK, kend - j0);
         tile_scores(jb, s, b, h, k, i0, nq, j0, nk, offset);
@@ -244,14 +254,10 @@ static void run_item(job *jb, scratch *s, int64_t item)
             for (int j = 0; j < nk; j++) w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
         kt->pv(s->st, BQ, nq, v + j0 * p->v.sl, p->v.sl, nk, p->Dv, NULL, s->acc, jb->ldacc);
     }
-    const int clean = row_finite(s->acc, nq * jb->ldacc);
-    for (int i = 0; i < nq; i++) {
-        if (s->l[i] == 0.0f) memset(out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
-        else memcpy(out + i * p->out_sl, s->acc + i * jb->ldacc, sizeof(float) * (size_t)p->Dv);
-        if (!clean) repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
+    write_rows(jb, s, b, h, i0, nq, out, 0);
+    for (int i = 0; i < nq; i++)
         if (s->l[i] != s->l[i])            /* a NaN row is NaN throughout, skipped keys too */
             for (int64_t j = 0; j < p->Lk; j++) w[i * p->Lk + j] = NAN;
-    }
 }
 
 /* Split-K: combine the nsplit partial softmaxes of each query row,

@@ -1,6 +1,7 @@
 /* Picks the kernel table once: the widest instruction set that the CPU and
  * the OS support, unless ATTNX_ISA=scalar|avx2|avx512|neon asks for another
  * (an unavailable request falls back to the best available one). */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,14 +67,15 @@ static const attnx_kernels *best_table(void)
     return &attnx_kernels_scalar;
 }
 
-/* Set by attnx_set_isa() or on first use; a plain pointer store/load is
- * enough: every value ever stored is a valid table. */
-static const attnx_kernels *volatile active = NULL;
+/* Set by attnx_set_isa() or on first use. Every value ever stored is a valid
+ * table, so racing first uses are harmless; the pointer is atomic so that
+ * they are not a data race. */
+static _Atomic(const attnx_kernels *) active = NULL;
 
 const attnx_kernels *attnx_active_kernels(void)
 {
-    const attnx_kernels *t = active;
-    if (!t) active = t = best_table();
+    const attnx_kernels *t = atomic_load(&active);
+    if (!t) atomic_store(&active, t = best_table());
     return t;
 }
 
@@ -85,6 +87,6 @@ attnx_status attnx_set_isa(const char *name)
 {
     const attnx_kernels *t = table_for(name);
     if (!t) return ATTNX_ERR_ISA;
-    active = t;
+    atomic_store(&active, t);
     return ATTNX_OK;
 }
