@@ -85,13 +85,10 @@ static void pack_queries(const job *jb, const scratch *s, const float *q, int nq
             for (int64_t d = 0; d < p->D; d++) s->qt[i * p->D + d] = p->scale * q[i * p->q.sl + d];
         return;
     }
-    const int padded = (nq + 15) & ~15;   /* qk reads whole vectors of up to 16 columns */
-    for (int i = 0; i < nq; i++) {         /* row by row: contiguous reads, no shuffles */
-        const float *qi = q + i * p->q.sl;
-        for (int64_t d = 0; d < p->D; d++) s->qt[d * BQ + i] = p->scale * qi[d];
-    }
-    for (int64_t d = 0; d < p->D; d++)
-        for (int i = nq; i < padded; i++) s->qt[d * BQ + i] = 0.0f;
+    /* the SIMD packers gather down a column with int32 offsets: huge strides go scalar */
+    const int64_t reach = (p->q.sl < 0 ? -p->q.sl : p->q.sl) * BQ;
+    const attnx_kernels *kt = reach < INT32_MAX ? jb->kt : &attnx_kernels_scalar;
+    kt->pack_qt(q, p->q.sl, nq, p->D, p->scale, s->qt, BQ);
 }
 
 /* Scores of one tile, masked: st (nk, BQ) = scale * Q[i0..] · K[j0..]ᵀ (+ masks). */
@@ -158,18 +155,12 @@ static void write_rows(const job *jb, const scratch *s, int64_t b, int64_t h, in
                        float *out, int normalise)
 {
     const attnx_problem *p = jb->p;
-    const int clean = row_finite(s->acc, nq * jb->ldacc);   /* the usual case: one pass */
-    for (int i = 0; i < nq; i++) {
-        float *o = out + i * p->out_sl;
-        const float *a = s->acc + i * jb->ldacc;
-        if (s->l[i] == 0.0f) {
-            for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
-        } else {
-            const float inv = normalise ? 1.0f / s->l[i] : 1.0f;
-            for (int64_t d = 0; d < p->Dv; d++) o[d] = a[d] * inv;
-        }
-        if (!clean) repair_row(p, b, h, i0 + i, s->m[i], s->l[i], o);
-    }
+    float *inv = s->alpha;          /* free once the last tile is done */
+    for (int i = 0; i < nq; i++)
+        inv[i] = s->l[i] == 0.0f ? 0.0f : normalise ? 1.0f / s->l[i] : 1.0f;
+    if (jb->kt->store_rows(s->acc, jb->ldacc, nq, p->Dv, inv, out, p->out_sl))
+        for (int i = 0; i < nq; i++)     /* rare: some value came out inf or NaN */
+            repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
 }
 
 // one item: queries i0 .. i0+BQ-1 of head (b, h), against one range of keys

@@ -66,6 +66,21 @@ typedef struct attnx_kernels {
     void (*mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsigned char *m, int64_t sq,
                       int64_t sk);
 
+    /* Pack an item's queries, pre-scaled and transposed, for qk:
+     *   qt[d*ldq + i] = scale * q[i*q_sl + d]  for i < nq
+     *   qt[d*ldq + i] = 0                      for nq <= i < nq rounded up to 16
+     * q: (nq, D) rows q_sl apart  qt: (D, ldq).  (W-1) * q_sl must fit in int32
+     * (the SIMD variants gather down a column). */
+    void (*pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, float scale, float *qt,
+                    int64_t ldq);
+
+    /* Output rows from the accumulator:
+     *   out[i][:] = inv[i] != 0 ? acc[i][:] * inv[i] : 0     (i < nq)
+     * acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart.
+     * Returns nonzero if any value stored is inf or NaN. */
+    int (*store_rows)(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
+                      float *out, int64_t out_sl);
+
     /* acc[i][:] = alpha[i] * acc[i][:] + sum_j pt[j*ldq + i] * v[j*v_sl + :]
      * (alpha NULL: no rescale)  pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc) */
     void (*pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,

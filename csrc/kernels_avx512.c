@@ -37,6 +37,7 @@
 #define V_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n) \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define V_SCALE(y, n) _mm512_scalef_ps(y, n)
 #define V_ZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ), y)
 
 #define V_MASK(n) ((__mmask16)((1u << (n)) - 1u))

@@ -88,6 +88,34 @@ static void mask_bool_scalar(float *st, int64_t ldq, int nq, int nk, const unsig
         }
 }
 
+// q: (nq, D) rows q_sl apart  qt: (D, ldq)
+static void pack_qt_scalar(const float *q, int64_t q_sl, int nq, int64_t D, float scale, float *qt,
+                           int64_t ldq)
+{
+    const int padded = (nq + 15) & ~15;
+    for (int64_t d = 0; d < D; d++) {
+        float *row = qt + d * ldq;
+        for (int i = 0; i < nq; i++) row[i] = scale * q[i * q_sl + d];
+        for (int i = nq; i < padded; i++) row[i] = 0.0f;
+    }
+}
+
+// acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
+static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
+                             float *out, int64_t out_sl)
+{
+    int bad = 0;
+    for (int i = 0; i < nq; i++) {
+        float *o = out + i * out_sl;
+        const float *a = acc + i * ldacc;
+        for (int64_t d = 0; d < Dv; d++) {
+            o[d] = inv[i] != 0.0f ? a[d] * inv[i] : 0.0f;
+            bad |= !isfinite(o[d]);
+        }
+    }
+    return bad;
+}
+
 // pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
 static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl,
                       int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
@@ -106,5 +134,5 @@ static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int6
 
 const attnx_kernels attnx_kernels_scalar = {
     "scalar", qk_scalar, qk_dot_scalar, 4, softmax_online_scalar, softmax_final_scalar,
-    mask_float_scalar, mask_bool_scalar, pv_scalar,
+    mask_float_scalar, mask_bool_scalar, pack_qt_scalar, store_rows_scalar, pv_scalar,
 };

@@ -14,6 +14,7 @@
  *   V_MASK(n) V_LOAD_M(p,mk) V_STORE_M(p,mk,x)   first n lanes
  *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f
  *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
+ *   optional: V_SCALE(y, n)  y * 2^n, when the ISA has it as one instruction
  *   V_ZERO_BELOW(y, x, lo)  y where !(x < lo) (NaN kept), else 0
  *   V_HSUM(x)  the sum of the lanes, a float
  *   V_GATHER_F(base, idx)  lanes base[idx[l]] (idx: int32_t[W])
@@ -37,7 +38,11 @@ ATTNX_INLINE VF v_exp(VF x)
     y = V_FMA(y, r, V_SET1(ATTNX_EXP_P4));
     y = V_FMA(y, r, V_SET1(ATTNX_EXP_P5));
     y = V_FMA(y, V_MUL(r, r), V_ADD(r, V_SET1(1.0f)));
+#ifdef V_SCALE
+    y = V_SCALE(y, n);                                 /* y * 2^n in one instruction */
+#else
     y = V_MUL(y, V_POW2(n));
+#endif
     return V_ZERO_BELOW(y, x, ATTNX_EXP_LO);           /* exp(-inf) = 0 exactly */
 }
 
@@ -142,13 +147,21 @@ static void SUFFIX(softmax_online)(float *st, int64_t ldq, int nq, int nk, float
     const VF ninf = V_SET1(-INFINITY);
     for (int i = 0; i < nq; i += W) {
         const VF m_old = V_LOAD(m + i);
-        VF mx = m_old;
-        for (int j = 0; j < nk; j++) mx = V_MAX(V_LOAD(st + j * ldq + i), mx);
+        /* four running maxima: one chain would wait on max's latency every row */
+        VF mx = m_old, mx1 = m_old, mx2 = m_old, mx3 = m_old;
+        int j = 0;
+        for (; j + 3 < nk; j += 4) {
+            mx = V_MAX(V_LOAD(st + j * ldq + i), mx);
+            mx1 = V_MAX(V_LOAD(st + (j + 1) * ldq + i), mx1);
+            mx2 = V_MAX(V_LOAD(st + (j + 2) * ldq + i), mx2);
+            mx3 = V_MAX(V_LOAD(st + (j + 3) * ldq + i), mx3);
+        }
+        for (; j < nk; j++) mx = V_MAX(V_LOAD(st + j * ldq + i), mx);
+        mx = V_MAX(V_MAX(mx1, mx), V_MAX(mx3, mx2));
         const VF msub = V_SEL_EQ(mx, ninf, V_ZERO(), mx);
         const VF a = v_exp(V_SUB(m_old, msub));
         VF sum0 = V_ZERO(), sum1 = V_ZERO();
-        int j = 0;
-        for (; j + 1 < nk; j += 2) {
+        for (j = 0; j + 1 < nk; j += 2) {
             const VF p0 = v_exp(V_SUB(V_LOAD(st + j * ldq + i), msub));
             const VF p1 = v_exp(V_SUB(V_LOAD(st + (j + 1) * ldq + i), msub));
             V_STORE(st + j * ldq + i, p0);
@@ -226,6 +239,62 @@ static void SUFFIX(mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsi
     }
 }
 
+/* ---- packing the queries: gather W rows' element d into one vector --------- */
+// q: (nq, D) rows q_sl apart  qt: (D, ldq)
+static void SUFFIX(pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, float scale,
+                            float *qt, int64_t ldq)
+{
+    const int padded = (nq + 15) & ~15;
+    const VF sv = V_SET1(scale), one = V_SET1(1.0f);
+    for (int i0 = 0; i0 < padded; i0 += W) {
+        if (i0 >= nq) {
+            for (int64_t d = 0; d < D; d++) V_STORE(qt + d * ldq + i0, V_ZERO());
+            continue;
+        }
+        int32_t idx[W];            /* lanes past nq re-read row i0 and are zeroed */
+        float live[W];
+        for (int l = 0; l < W; l++) {
+            idx[l] = (int32_t)((i0 + l < nq ? l : 0) * q_sl);
+            live[l] = i0 + l < nq ? 1.0f : 0.0f;
+        }
+        const VF lv = V_LOAD(live);
+        const float *qi = q + i0 * q_sl;
+        for (int64_t d = 0; d < D; d++)
+            V_STORE(qt + d * ldq + i0, V_SEL_EQ(lv, one, V_MUL(V_GATHER_F(qi + d, idx), sv), V_ZERO()));
+    }
+}
+
+/* ---- output rows: acc scaled by 1/l, with an inf/NaN check on the way ----- */
+// acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
+static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t Dv,
+                              const float *inv, float *out, int64_t out_sl)
+{
+    const int64_t dfull = Dv / W * W;
+    const VMASK mk = V_MASK((int)(Dv - dfull));
+    VF bad = V_ZERO();             /* x * 0 is 0 for finite x, NaN for inf or NaN */
+    for (int i = 0; i < nq; i++) {
+        const float *a = acc + i * ldacc;
+        float *o = out + i * out_sl;
+        if (inv[i] == 0.0f) {      /* nothing allowed: zeros, whatever acc holds */
+            for (int64_t d = 0; d < Dv; d++) o[d] = 0.0f;
+            continue;
+        }
+        const VF s = V_SET1(inv[i]);
+        for (int64_t d = 0; d < dfull; d += W) {
+            const VF x = V_MUL(V_LOAD(a + d), s);
+            V_STORE(o + d, x);
+            bad = V_FMA(x, V_ZERO(), bad);
+        }
+        if (dfull < Dv) {
+            const VF x = V_MUL(V_LOAD_M(a + dfull, mk), s);
+            V_STORE_M(o + dfull, mk, x);
+            bad = V_FMA(x, V_ZERO(), bad);  /* masked-off lanes are 0 */
+        }
+    }
+    const float b = V_HSUM(bad);
+    return b != b;
+}
+
 /* ---- output: acc = alpha * acc + Pᵀ · V -----------------------------------
  * Register block: MR queries × NV vectors of Dv; each step broadcasts
  * p[j][i] and multiplies a vector of the value row v[j]. The last vector of a
@@ -290,5 +359,5 @@ static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int
 
 const attnx_kernels SUFFIX(attnx_kernels) = {
     SUFFIX_NAME, SUFFIX(qk), SUFFIX(qk_dot), W / 2, SUFFIX(softmax_online), SUFFIX(softmax_final),
-    SUFFIX(mask_float), SUFFIX(mask_bool), SUFFIX(pv),
+    SUFFIX(mask_float), SUFFIX(mask_bool), SUFFIX(pack_qt), SUFFIX(store_rows), SUFFIX(pv),
 };

@@ -10,6 +10,7 @@ explicit, fully materialised 4-D arrays built in the test itself.
 from __future__ import annotations
 
 import math
+import mmap
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -457,6 +458,24 @@ def test_non_contiguous_views(isa, rng, kind):
         out_c, w_c = sdpa(*contiguous, attn_mask=np.ascontiguousarray(m), need_weights=True)
         np.testing.assert_array_equal(out, out_c)
         np.testing.assert_array_equal(w, w_c)
+
+
+def test_query_rows_too_far_apart_for_int32_gathers(isa, rng):
+    """Query rows 600 MB apart: the SIMD packer gathers a column of 16 rows
+    with int32 element offsets, which cannot reach row 15; the core must fall
+    back to the scalar packer, not wrap around (that read out of bounds and
+    crashed). The rows live in a lazily mapped 9 GB region: only the touched
+    pages take memory."""
+    Lq, E, row = 16, 24, 150_000_000                      # 15 * row > 2**31
+    region = mmap.mmap(-1, 4 * (row * (Lq - 1) + E))
+    base = np.frombuffer(region, dtype=np.float32)
+    q = np.lib.stride_tricks.as_strided(base, (1, 1, Lq, E), (0, 0, row * 4, 4))
+    q[...] = randn(rng, (1, 1, Lq, E))                    # writes the rows, not the gaps
+    k, v = randn(rng, (1, 1, 33, E)), randn(rng, (1, 1, 33, 7))
+    out = sdpa(q, k, v)
+    np.testing.assert_array_equal(out, sdpa(np.ascontiguousarray(q), k, v))
+    check_against_reference(q, k, v)
+    del q, base
 
 
 def test_read_only_inputs(isa, rng):
