@@ -32,12 +32,12 @@
 #define V_ADD(a, b) _mm512_add_ps(a, b)
 #define V_SUB(a, b) _mm512_sub_ps(a, b)
 #define V_MAX(x, m) _mm512_max_ps(x, m) /* (x > m) ? x : m: a NaN x leaves m */
-#define V_MIN(a, b) _mm512_min_ps(a, b)
 #define V_SEL_EQ(a, b, t, f) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), f, t)
 #define V_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n) \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
-#define V_SCALE(y, n) _mm512_scalef_ps(y, n)
+#define V_SCALE_ZERO_BELOW(y, n, x, lo) \
+    _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ), y, n)
 #define V_ZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ), y)
 
 #define V_MASK(n) ((__mmask16)((1u << (n)) - 1u))

@@ -26,7 +26,6 @@
 #define V_ADD(a, b) vaddq_f32(a, b)
 #define V_SUB(a, b) vsubq_f32(a, b)
 #define V_MAX(x, m) vbslq_f32(vcgtq_f32(x, m), x, m) /* (x > m) ? x : m: a NaN x leaves m */
-#define V_MIN(a, b) vbslq_f32(vcltq_f32(a, b), a, b)
 #define V_SEL_EQ(a, b, t, f) vbslq_f32(vceqq_f32(a, b), t, f)
 #define V_ROUND(x) vrndnq_f32(x)
 #define V_POW2(n) \

@@ -14,7 +14,8 @@
  *   V_MASK(n) V_LOAD_M(p,mk) V_STORE_M(p,mk,x)   first n lanes
  *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f
  *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
- *   optional: V_SCALE(y, n)  y * 2^n, when the ISA has it as one instruction
+ *   optional: V_SCALE_ZERO_BELOW(y, n, x, lo)  V_ZERO_BELOW(y * 2^n, x, lo), when
+ *             the ISA has a fused form
  *   V_ZERO_BELOW(y, x, lo)  y where !(x < lo) (NaN kept), else 0
  *   V_HSUM(x)  the sum of the lanes, a float
  *   V_GATHER_F(base, idx)  lanes base[idx[l]] (idx: int32_t[W])
@@ -23,11 +24,12 @@
 
 #define ATTNX_INLINE static inline __attribute__((always_inline))
 
-/* exp(x), the steps of attnx_expf() in kernels.h, W lanes at a time. */
+/* exp(x) for x <= 0 or NaN (all the softmax ever passes: scores minus their
+ * max), the steps of attnx_expf() in kernels.h, W lanes at a time. Without
+ * positive x the upper clamp is not needed: 2^n stays within [2^-126, 1]. */
 ATTNX_INLINE VF v_exp(VF x)
 {
-    VF xc = V_MAX(V_SET1(ATTNX_EXP_LO), x);            /* NaN passes through */
-    xc = V_MIN(V_SET1(ATTNX_EXP_HI), xc);
+    const VF xc = V_MAX(V_SET1(ATTNX_EXP_LO), x);      /* NaN passes through */
     const VF n = V_ROUND(V_MUL(xc, V_SET1(ATTNX_LOG2E)));
     VF r = V_FMA(n, V_SET1(-ATTNX_LN2_HI), xc);
     r = V_FMA(n, V_SET1(-ATTNX_LN2_LO), r);
@@ -38,12 +40,12 @@ ATTNX_INLINE VF v_exp(VF x)
     y = V_FMA(y, r, V_SET1(ATTNX_EXP_P4));
     y = V_FMA(y, r, V_SET1(ATTNX_EXP_P5));
     y = V_FMA(y, V_MUL(r, r), V_ADD(r, V_SET1(1.0f)));
-#ifdef V_SCALE
-    y = V_SCALE(y, n);                                 /* y * 2^n in one instruction */
+    /* y * 2^n, and exactly 0 below LO (so exp(-inf) = 0) */
+#ifdef V_SCALE_ZERO_BELOW
+    return V_SCALE_ZERO_BELOW(y, n, x, ATTNX_EXP_LO);  /* one instruction and a compare */
 #else
-    y = V_MUL(y, V_POW2(n));
+    return V_ZERO_BELOW(V_MUL(y, V_POW2(n)), x, ATTNX_EXP_LO);
 #endif
-    return V_ZERO_BELOW(y, x, ATTNX_EXP_LO);           /* exp(-inf) = 0 exactly */
 }
 
 /* ---- scores: st = K · Qt --------------------------------------------------
@@ -56,6 +58,8 @@ ATTNX_INLINE void qk_block(const int MR, const int NV, const float *qt, int64_t 
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < NV; c++) acc[r][c] = V_ZERO();
     for (int64_t d = 0; d < D; d++) {
+        if ((d & 15) == 0)          /* the next block's keys: short rows defeat the hardware prefetcher */
+            for (int r = 0; r < MR; r++) __builtin_prefetch(k + (r + MR) * k_sl + d, 0, 3);
         VF qv[QK_NV];
         for (int c = 0; c < NV; c++) qv[c] = V_LOAD(qt + d * ldq + c * W);
         for (int r = 0; r < MR; r++) {
