@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Kernel-level microbenchmarks of the C core (no Python), for tuning:
+#   tools/microbench/run.sh peak                 FP32 FMA peak of each core
+#   tools/microbench/run.sh tiles D [2]          tile kernels on one tile (2: AVX2)
+#   tools/microbench/run.sh forward L D T H [c]  the whole forward pass
+# CFLAGS passes -D options through (e.g. CFLAGS="-DNT=32" or "-DATTNX_BK=64").
+# The user-facing numbers come from `python -m attnx bench`; these isolate
+# one part at a time with min-of-many timing, which survives a noisy machine
+# better than medians do.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../../csrc" && pwd)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+what=${1:-}; shift || true
+case "$what" in
+  peak)
+    cc -O2 "$here/fma_peak.c" -o "$out/peak"
+    for ((i = 0; i < $(nproc); i++)); do "$out/peak" & done; wait ;;
+  tiles)
+    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "$src"/kernels_*.c "$here/tile_kernels.c" -o "$out/tiles" -lm
+    "$out/tiles" "$@" ;;
+  forward)
+    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "$src"/attention.c "$src"/dispatch.c "$src"/threads.c \
+        "$src"/kernels_*.c "$here/forward.c" -o "$out/forward" -lm -lpthread
+    "$out/forward" "$@" ;;
+  *) sed -n '2,9p' "$0"; exit 2 ;;
+esac
