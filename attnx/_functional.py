@@ -40,6 +40,11 @@ _F32 = np.dtype(np.float32)
 _CAUSAL = {False: 0, True: 1, "upper_left": 1, "top_left": 1, "lower_right": 2}
 
 
+def _default_scale(E: int) -> float:
+    """1/sqrt(E), PyTorch's default; 1 for an empty head dimension."""
+    return 1.0 / math.sqrt(E) if E > 0 else 1.0
+
+
 def _shape(a: NDArray[Any]) -> str:
     return "(" + ", ".join(str(n) for n in a.shape) + ("," if a.ndim == 1 else "") + ")"
 
@@ -197,7 +202,7 @@ def _prepare(query: object, key: object, value: object, attn_mask: object, dropo
     else:
         raise ValueError(f'is_causal must be False, True, "upper_left" or "lower_right"; got {is_causal!r}')
     if scale is None:
-        scale_f = 1.0 / math.sqrt(E) if E > 0 else 1.0
+        scale_f = _default_scale(E)
     else:
         if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
             raise TypeError(f"scale must be a real number; got {type(scale).__name__}")
@@ -398,7 +403,7 @@ def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: ob
     if not (type(dropout_p) is float and dropout_p == 0.0 and (is_causal is False or is_causal is True)):
         return None
     if scale is None:
-        scale_f = 1.0 / math.sqrt(E) if E > 0 else 1.0
+        scale_f = _default_scale(E)
     elif type(scale) is float and math.isfinite(scale):
         scale_f = scale
     else:
