@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Literal, NamedTuple, Optional, Protocol, Tuple, Union, overload
+from typing import Any, Iterator, Literal, NamedTuple, Optional, Protocol, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -129,19 +129,84 @@ def _lengths(x: object, name: str, batch_shape: Tuple[int, ...], limit: int, B: 
 
 
 class _Prepared(NamedTuple):
-    """The arguments as the core takes them: (B, H, L, E) views and flags."""
+    """The checked arguments: views with every batch axis kept (the core's
+    (B, H, L, E) views come from :func:`_core_calls`), and flags."""
 
-    q: NDArray[Any]                         # (B, Hq, Lq, E)
-    k: NDArray[Any]                         # (B, Hk, Lk, E)
-    v: NDArray[Any]                         # (B, Hk, Lk, Ev)
-    mask: Optional[NDArray[Any]]            # (B, Hq, Lq, Lk), bool or float, any strides
-    key_lengths: Optional[NDArray[np.int64]]    # (B, Hq)
+    q: NDArray[Any]                         # (batch..., Hq, Lq, E)
+    k: NDArray[Any]                         # (batch..., Hk, Lk, E)
+    v: NDArray[Any]                         # (batch..., Hk, Lk, Ev)
+    mask: Optional[NDArray[Any]]            # (batch..., Hq, Lq, Lk), bool or float, any strides
+    key_lengths: Optional[NDArray[np.int64]]    # (B, Hq), B = prod(batch), C-contiguous rows
     query_lengths: Optional[NDArray[np.int64]]  # (B, Hq)
     causal: int                             # 0 none, 1 upper-left, 2 lower-right
     scale: float
     batch_shape: Tuple[int, ...]
     layout: str
     ndim: int
+
+    def folded(self) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any], Optional[NDArray[Any]]]:
+        """q, k, v and mask with the batch axes folded into one (copies where a view cannot)."""
+        B = math.prod(self.batch_shape)
+        q, k, v = (a.reshape((B,) + a.shape[-3:]) for a in (self.q, self.k, self.v))
+        m = None if self.mask is None else self.mask.reshape((B,) + self.mask.shape[-3:])
+        return q, k, v, m
+
+
+class _CoreCall(NamedTuple):
+    """One call of the core: (B, H, L, .) views of the inputs and outputs."""
+
+    q: NDArray[Any]
+    k: NDArray[Any]
+    v: NDArray[Any]
+    mask: Optional[NDArray[Any]]
+    key_lengths: Optional[NDArray[np.int64]]
+    query_lengths: Optional[NDArray[np.int64]]
+    out: NDArray[Any]
+    weights: Optional[NDArray[Any]]
+
+
+def _fold_batch(a: NDArray[Any], nb: int) -> Optional[NDArray[Any]]:
+    """A view of ``a`` with its first ``nb`` axes folded into one, or None when
+    that needs a copy (e.g. a mask broadcast along one batch axis but not
+    another). ``nb = 0`` adds an axis of size 1."""
+    B = math.prod(a.shape[:nb])
+    if a.size == 0:
+        return a.reshape((B,) + a.shape[nb:])
+    axes = [(n, st) for n, st in zip(a.shape[:nb], a.strides[:nb]) if n != 1]
+    for (_, st0), (n1, st1) in zip(axes, axes[1:]):
+        if st0 != st1 * n1:
+            return None
+    stride = axes[-1][1] if axes else 0
+    return np.lib.stride_tricks.as_strided(a, (B,) + a.shape[nb:], (stride,) + a.strides[nb:],
+                                           writeable=a.flags.writeable)
+
+
+def _core_calls(p: _Prepared, out: NDArray[Any],
+                weights: Optional[NDArray[Any]]) -> Iterator[_CoreCall]:
+    """The core calls that compute ``p`` into ``out`` (batch..., Hq, Lq, Ev) and
+    ``weights`` (batch..., Hq, Lq, Lk): one call with the batch axes folded,
+    or, where folding an input would copy it (a broadcast or strided batch
+    axis), one per index of the first batch axis, recursively. Nothing is
+    ever expanded or copied."""
+    nb = len(p.batch_shape)
+    arrays = (p.q, p.k, p.v, p.mask, out, weights)
+    folded = [None if a is None else _fold_batch(a, nb) for a in arrays]
+    if all(f is not None for f, a in zip(folded, arrays) if a is not None):
+        q, k, v, m, o, w = folded
+        assert q is not None and k is not None and v is not None and o is not None
+        yield _CoreCall(q, k, v, m, p.key_lengths, p.query_lengths, o, w)
+        return
+    n0 = p.batch_shape[0]
+
+    def rows(a: Optional[NDArray[np.int64]], i: int) -> Optional[NDArray[np.int64]]:
+        return None if a is None else a.reshape((n0, -1) + a.shape[1:])[i]
+
+    for i in range(n0):
+        sub = p._replace(q=p.q[i], k=p.k[i], v=p.v[i],
+                         mask=None if p.mask is None else p.mask[i],
+                         key_lengths=rows(p.key_lengths, i), query_lengths=rows(p.query_lengths, i),
+                         batch_shape=p.batch_shape[1:])
+        yield from _core_calls(sub, out[i], None if weights is None else weights[i])
 
 
 def _prepare(query: object, key: object, value: object, attn_mask: object, dropout_p: object,
@@ -214,9 +279,7 @@ def _prepare(query: object, key: object, value: object, attn_mask: object, dropo
             raise ValueError(f"scale must be finite; got {scale_f}")
 
     B = math.prod(batch_shape)
-    q4 = _unit_last_stride(q.reshape((B, Hq, Lq, E)))
-    k4 = _unit_last_stride(k.reshape((B, Hk, Lk, E)))
-    v4 = _unit_last_stride(v.reshape((B, Hk, Lk, Ev)))
+    q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
     full = batch_shape + (Hq, Lq, Lk)
 
     mask4 = None
@@ -240,7 +303,7 @@ def _prepare(query: object, key: object, value: object, attn_mask: object, dropo
             raise ValueError(
                 f"attn_mask with shape {_shape(m0)} does not broadcast to the "
                 f"scores' shape (B..., Hq, Lq, Lk) = {full}") from None
-        mask4 = m.reshape((B, Hq, Lq, Lk))
+        mask4 = m
 
     heads_are_batch = nd == 3 and layout == "bhld"
     lead = (Hq,) if heads_are_batch else batch_shape
@@ -250,7 +313,7 @@ def _prepare(query: object, key: object, value: object, attn_mask: object, dropo
     if query_lengths is not None:
         ql = _lengths(query_lengths, "query_lengths", lead, Lq, B, Hq, heads_are_batch)
 
-    return _Prepared(q4, k4, v4, mask4, kl, ql, causal, scale_f, batch_shape, str(layout), nd)
+    return _Prepared(q, k, v, mask4, kl, ql, causal, scale_f, batch_shape, str(layout), nd)
 
 
 @overload
@@ -377,9 +440,10 @@ def scaled_dot_product_attention(
             return out_fast
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  layout, key_lengths, query_lengths, np.float32)
-    out, out4, weights, w4 = _allocate(p, need_weights, np.float32)
-    _attnx.forward(p.q, p.k, p.v, out4, w4, p.mask, p.key_lengths, p.query_lengths,
-                   p.causal, p.scale)
+    out, out_v, weights = _allocate(p, need_weights, np.float32)
+    for c in _core_calls(p, out_v, weights):
+        _attnx.forward(c.q, c.k, c.v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
+                       p.causal, p.scale)
     return _finish(p, out, weights, need_weights)
 
 
@@ -414,20 +478,18 @@ def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: ob
 
 
 def _allocate(p: _Prepared, need_weights: bool, dtype: type[np.floating[Any]]) -> Tuple[
-        NDArray[Any], NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[Any]]]:
-    """Outputs in the caller's layout, and their (B, H, L, .) views for the core."""
-    B, Hq, Lq, _ = p.q.shape
-    Lk, Ev = p.k.shape[2], p.v.shape[3]
+        NDArray[Any], NDArray[Any], Optional[NDArray[Any]]]:
+    """The output in the caller's layout, its (batch..., Hq, Lq, Ev) view, and
+    the weights (batch..., Hq, Lq, Lk) or None."""
+    Hq, Lq = p.q.shape[-3:-1]
+    Lk, Ev = p.k.shape[-2], p.v.shape[-1]
     if p.layout == "blhd":
         out = np.empty(p.batch_shape + (Lq, Hq, Ev), dtype=dtype)
-        out4 = np.swapaxes(out, -2, -3).reshape((B, Hq, Lq, Ev))
+        out_v = np.swapaxes(out, -2, -3)
     else:
-        out = np.empty(p.batch_shape + (Hq, Lq, Ev), dtype=dtype)
-        out4 = out.reshape((B, Hq, Lq, Ev))
-    if not need_weights:
-        return out, out4, None, None
-    weights = np.empty(p.batch_shape + (Hq, Lq, Lk), dtype=dtype)
-    return out, out4, weights, weights.reshape((B, Hq, Lq, Lk))
+        out = out_v = np.empty(p.batch_shape + (Hq, Lq, Ev), dtype=dtype)
+    weights = np.empty(p.batch_shape + (Hq, Lq, Lk), dtype=dtype) if need_weights else None
+    return out, out_v, weights
 
 
 def _finish(p: _Prepared, out: NDArray[Any], weights: Optional[NDArray[Any]],

@@ -27,6 +27,7 @@ from typing import Literal, Optional, Tuple, Union, overload
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from . import _attnx
 from ._functional import ArrayInput, Causal, Layout, _asarray
 
 __all__ = ["reference", "reference_attention"]
@@ -88,7 +89,9 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
         m = np.zeros((B, Hq, Lq, 1))
     m = np.where(m == -np.inf, 0.0, m)
     with np.errstate(invalid="ignore", over="ignore"):
-        p = np.exp(scores - m)
+        # the kernels' exp is exactly 0 below EXP_FLUSH_BELOW (-87.34: e^x is
+        # below float32's smallest normal there): flush the same weights
+        p = np.where(scores - m < _attnx.EXP_FLUSH_BELOW, 0.0, np.exp(scores - m))
         p = np.where(allowed, p, 0.0)
         s = np.sum(p, axis=-1, keepdims=True)
         w = np.where(s == 0, 0.0, p / np.where(s == 0, 1.0, s))
@@ -189,11 +192,11 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
 
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  layout, key_lengths, query_lengths, np.float64)
-    out, out4, weights, w4 = _allocate(p, need_weights, np.float64)
+    out, out_v, weights = _allocate(p, need_weights, np.float64)
     causal: Causal = (False, True, "lower_right")[p.causal]
-    o, w = reference_attention(p.q, p.k, p.v, p.mask, causal, p.scale,
-                               p.key_lengths, p.query_lengths)
-    out4[...] = o
-    if w4 is not None:
-        w4[...] = w
+    q, k, v, mask = p.folded()
+    o, w = reference_attention(q, k, v, mask, causal, p.scale, p.key_lengths, p.query_lengths)
+    out_v[...] = o.reshape(out_v.shape)
+    if weights is not None:
+        weights[...] = w.reshape(weights.shape)
     return _finish(p, out, weights, need_weights)

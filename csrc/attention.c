@@ -43,6 +43,8 @@ typedef struct {
     int64_t kchunk;    /* keys per range, a multiple of BK */
     int64_t n_items;   /* B * Hq * nqb * nsplit */
     int64_t ldacc;
+    float pre_scale;   /* the scale applied to the packed queries ... */
+    float post_scale;  /* ... and to the scores after the product (1 unless |scale| > 1) */
     float *partial;    /* nsplit > 1: per item, m (BQ) | l (BQ) | acc (BQ, ldacc) */
     scratch *scr;      /* one per thread */
     atomic_llong next; /* next item to take */
@@ -50,12 +52,39 @@ typedef struct {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+/* What head (b, h) attends: query rows [0, qlen) and keys [0, klen), and the
+ * causal offset (query i sees keys j <= i + offset). The lengths are clamped
+ * to [0, L] where they are read: the caller may let another thread write them
+ * while the core runs (Python releases the GIL), which may change the numbers
+ * but never reaches outside the arrays. */
+typedef struct {
+    int64_t qlen, klen, offset;
+} head_bounds;
+
+static head_bounds bounds_of(const attnx_problem *p, int64_t b, int64_t h)
+{
+    head_bounds hb;
+    hb.qlen = p->query_lengths ? clamp64(p->query_lengths[b * p->ql_sb + h * p->ql_sh], 0, p->Lq) : p->Lq;
+    hb.klen = p->key_lengths ? clamp64(p->key_lengths[b * p->kl_sb + h * p->kl_sh], 0, p->Lk) : p->Lk;
+    hb.offset = p->causal == ATTNX_CAUSAL_LOWER_RIGHT ? p->Lk - p->Lq : 0;
+    return hb;
+}
+
+/* Keys [0, kend) that queries [i0, i0 + nq) of a head may see. */
+static int64_t keys_end(const attnx_problem *p, const head_bounds *hb, int64_t i0, int64_t nq)
+{
+    if (p->causal == ATTNX_CAUSAL_NONE) return hb->klen;
+    return min64(hb->klen, max64(0, i0 + nq + hb->offset));
+}
 
 /* Causal, bool and float masks on one tile of scores.
  * st: (nk, BQ) for queries i0.. i0+nq-1 and keys j0 .. j0+nk-1 of head (b, h). */
-static void apply_masks(const attnx_problem *p, int64_t b, int64_t h, int64_t i0, int nq,
+static void apply_masks(const job *jb, int64_t b, int64_t h, int64_t i0, int nq,
                         int64_t j0, int nk, int64_t offset, float *st)
 {
+    const attnx_problem *p = jb->p;
     if (p->causal != ATTNX_CAUSAL_NONE && j0 + nk - 1 > i0 + offset) {
         for (int i = 0; i < nq; i++) {       /* row i sees keys up to i0 + i + offset */
             for (int64_t j = max64(0, i0 + i + offset + 1 - j0); j < nk; j++)
@@ -65,7 +94,7 @@ static void apply_masks(const attnx_problem *p, int64_t b, int64_t h, int64_t i0
     if (p->mask_kind == ATTNX_MASK_NONE) return;
     /* the SIMD mask kernels gather with int32 offsets; huge strides take the scalar path */
     const int64_t reach = (p->mask_sq < 0 ? -p->mask_sq : p->mask_sq) * BQ;
-    const attnx_kernels *kt = reach < INT32_MAX ? attnx_active_kernels() : &attnx_kernels_scalar;
+    const attnx_kernels *kt = reach < INT32_MAX ? jb->kt : &attnx_kernels_scalar;
     const int64_t at = b * p->mask_sb + h * p->mask_sh + i0 * p->mask_sq + j0 * p->mask_sk;
     if (p->mask_kind == ATTNX_MASK_BOOL)
         kt->mask_bool(st, BQ, nq, nk, (const unsigned char *)p->mask + at, p->mask_sq, p->mask_sk);
@@ -82,13 +111,13 @@ static void pack_queries(const job *jb, const scratch *s, const float *q, int nq
     const attnx_problem *p = jb->p;
     if (use_dot(jb, nq)) {
         for (int i = 0; i < nq; i++)
-            for (int64_t d = 0; d < p->D; d++) s->qt[i * p->D + d] = p->scale * q[i * p->q.sl + d];
+            for (int64_t d = 0; d < p->D; d++) s->qt[i * p->D + d] = jb->pre_scale * q[i * p->q.sl + d];
         return;
     }
     /* the SIMD packers gather down a column with int32 offsets: huge strides go scalar */
     const int64_t reach = (p->q.sl < 0 ? -p->q.sl : p->q.sl) * BQ;
     const attnx_kernels *kt = reach < INT32_MAX ? jb->kt : &attnx_kernels_scalar;
-    kt->pack_qt(q, p->q.sl, nq, p->D, p->scale, s->qt, BQ);
+    kt->pack_qt(q, p->q.sl, nq, p->D, jb->pre_scale, s->qt, BQ);
 }
 
 /* Scores of one tile, masked: st (nk, BQ) = scale * Q[i0..] · K[j0..]ᵀ (+ masks). */
@@ -100,7 +129,10 @@ static void tile_scores(const job *jb, const scratch *s, int64_t b, int64_t h, c
         jb->kt->qk_dot(s->qt, p->D, nq, k + j0 * p->k.sl, p->k.sl, nk, s->st, BQ);
     else
         jb->kt->qk(s->qt, BQ, nq, k + j0 * p->k.sl, p->k.sl, nk, p->D, s->st);
-    apply_masks(p, b, h, i0, nq, j0, nk, offset, s->st);
+    if (jb->post_scale != 1.0f)
+        for (int j = 0; j < nk; j++)
+            for (int i = 0; i < nq; i++) s->st[j * BQ + i] *= jb->post_scale;
+    apply_masks(jb, b, h, i0, nq, j0, nk, offset, s->st);
 }
 
 /* 1 if none of o[0 .. n) is inf or NaN. (The accumulator block is checked in
@@ -122,14 +154,13 @@ static int row_finite(const float *o, int64_t n)
  * only keys whose weight is non-zero, so that a key that gets no weight never
  * leaks into the result, whatever its value holds. Rare: scalar code.
  * o: (Dv) row i of head (b, h); m, l: the row's final max and sum. */
-static void repair_row(const attnx_problem *p, int64_t b, int64_t h, int64_t i, float m, float l,
-                       float *o)
+static void repair_row(const job *jb, int64_t b, int64_t h, int64_t i, float m, float l, float *o)
 {
+    const attnx_problem *p = jb->p;
     if (!(l > 0.0f && l < INFINITY) || row_finite(o, p->Dv)) return;
     const int64_t hk = h / (p->Hq / p->Hk);
-    const int64_t offset = p->causal == ATTNX_CAUSAL_LOWER_RIGHT ? p->Lk - p->Lq : 0;
-    int64_t kend = p->key_lengths ? p->key_lengths[b * p->kl_sb + h * p->kl_sh] : p->Lk;
-    if (p->causal != ATTNX_CAUSAL_NONE) kend = min64(kend, max64(0, i + offset + 1));
+    const head_bounds hb = bounds_of(p, b, h);
+    const int64_t kend = keys_end(p, &hb, i, 1);
     const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
     const float msub = m == -INFINITY ? 0.0f : m, inv = 1.0f / l;
     for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
@@ -138,7 +169,8 @@ static void repair_row(const attnx_problem *p, int64_t b, int64_t h, int64_t i, 
         if (p->mask_kind == ATTNX_MASK_BOOL && !((const unsigned char *)p->mask)[mo]) continue;
         const float *k = p->k.data + b * p->k.sb + hk * p->k.sh + j * p->k.sl;
         float s = 0.0f;
-        for (int64_t d = 0; d < p->D; d++) s += p->scale * q[d] * k[d];
+        for (int64_t d = 0; d < p->D; d++) s += jb->pre_scale * q[d] * k[d];
+        s *= jb->post_scale;
         if (p->mask_kind == ATTNX_MASK_FLOAT) s += ((const float *)p->mask)[mo];
         const float w = attnx_expf(s - msub) * inv;
         if (w == 0.0f) continue;
@@ -160,7 +192,7 @@ static void write_rows(const job *jb, const scratch *s, int64_t b, int64_t h, in
         inv[i] = s->l[i] == 0.0f ? 0.0f : normalise ? 1.0f / s->l[i] : 1.0f;
     if (jb->kt->store_rows(s->acc, jb->ldacc, nq, p->Dv, inv, out, p->out_sl))
         for (int i = 0; i < nq; i++)     /* rare: some value came out inf or NaN */
-            repair_row(p, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
+            repair_row(jb, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
 }
 
 // one item: queries i0 .. i0+BQ-1 of head (b, h), against one range of keys
@@ -175,12 +207,10 @@ static void run_item(job *jb, scratch *s, int64_t item)
     const int64_t i0 = qb * BQ;
     const int rows = (int)min64(BQ, p->Lq - i0);
 
-    const int64_t qlen = p->query_lengths ? p->query_lengths[b * p->ql_sb + h * p->ql_sh] : p->Lq;
-    const int64_t klen = p->key_lengths ? p->key_lengths[b * p->kl_sb + h * p->kl_sh] : p->Lk;
-    const int nq = (int)max64(0, min64(rows, qlen - i0));   /* rows that attend */
-    const int64_t offset = p->causal == ATTNX_CAUSAL_LOWER_RIGHT ? p->Lk - p->Lq : 0;
-    int64_t kend = klen;                                      /* keys visited: [0, kend) */
-    if (p->causal != ATTNX_CAUSAL_NONE) kend = min64(kend, max64(0, i0 + nq + offset));
+    const head_bounds hb = bounds_of(p, b, h);
+    const int nq = (int)max64(0, min64(rows, hb.qlen - i0));  /* rows that attend */
+    const int64_t offset = hb.offset;
+    const int64_t kend = keys_end(p, &hb, i0, nq);            /* keys visited: [0, kend) */
 
     float *out = p->out + b * p->out_sb + h * p->out_sh + i0 * p->out_sl;
     float *w = p->weights ? p->weights + ((b * p->Hq + h) * p->Lq + i0) * p->Lk : NULL;
@@ -261,8 +291,8 @@ static void merge_partials(const job *jb)
     for (int64_t block = 0; block < jb->n_items / jb->nsplit; block++) {
         const int64_t qb = block % jb->nqb, bh = block / jb->nqb;
         const int64_t h = bh % p->Hq, b = bh / p->Hq, i0 = qb * BQ;
-        const int64_t qlen = p->query_lengths ? p->query_lengths[b * p->ql_sb + h * p->ql_sh] : p->Lq;
-        const int nq = (int)max64(0, min64(min64(BQ, p->Lq - i0), qlen - i0));
+        const head_bounds hb = bounds_of(p, b, h);
+        const int nq = (int)max64(0, min64(min64(BQ, p->Lq - i0), hb.qlen - i0));
         const float *first = jb->partial + block * jb->nsplit * stride;
         for (int i = 0; i < nq; i++) {
             float M = -INFINITY;
@@ -284,7 +314,7 @@ static void merge_partials(const job *jb)
             }
             const float inv = l == 0.0f ? 0.0f : 1.0f / l;
             for (int64_t d = 0; d < p->Dv; d++) o[d] *= inv;
-            repair_row(p, b, h, i0 + i, M, l, o);
+            repair_row(jb, b, h, i0 + i, M, l, o);
         }
     }
 }
@@ -407,6 +437,11 @@ attnx_status attnx_forward(const attnx_problem *p)
     jb.nqb = (p->Lq + BQ - 1) / BQ;
     jb.ldacc = (p->Dv + 15) & ~(int64_t)15;
     jb.partial = NULL;
+    /* Scores are scale·q·k. The queries are packed pre-scaled, which cannot
+     * overflow when |scale| <= 1; a larger scale is applied to the scores
+     * instead, so that any scale whose scores fit in float32 works. */
+    jb.pre_scale = fabsf(p->scale) > 1.0f ? 1.0f : p->scale;
+    jb.post_scale = fabsf(p->scale) > 1.0f ? p->scale : 1.0f;
     atomic_init(&jb.next, 0);
 
     /* threads: as asked, but one for small problems */

@@ -12,6 +12,7 @@
 #include <numpy/arrayobject.h>
 
 #include "attnx.h"
+#include "kernels.h"
 
 /* Check one 4-D operand; NULL-safe name for messages. Returns 0 and sets an
  * exception on failure. expect[i] < 0 means "any size". */
@@ -304,5 +305,14 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__attnx(void)
 {
     import_array();
-    return PyModule_Create(&moduledef);
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    /* exp(x) is exactly 0 below this (kernels.h): a weight exp(s - max) of a
+     * score further than this below its row's maximum is 0 (attnx.reference
+     * flushes the same weights) */
+    if (PyModule_AddObject(m, "EXP_FLUSH_BELOW", PyFloat_FromDouble(ATTNX_EXP_LO)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

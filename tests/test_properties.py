@@ -235,15 +235,16 @@ def _compare(got_out, got_w, ref_out, ref_w, args, kwargs, info):
     kw = {k: v for k, v in kwargs.items() if k != "need_weights"}
     p = _prepare(*args, kw["attn_mask"], 0.0, kw["is_causal"], kw["scale"], kw["enable_gqa"],
                  layout, kw.get("key_lengths"), kw.get("query_lengths"), np.float64)
-    group = Hq // p.k.shape[1] if p.k.shape[1] else 1
-    k = np.repeat(p.k, group, axis=1)
-    v = np.repeat(p.v, group, axis=1)
+    p_q, p_k, p_v, p_mask = p.folded()
+    group = Hq // p_k.shape[1] if p_k.shape[1] else 1
+    k = np.repeat(p_k, group, axis=1)
+    v = np.repeat(p_v, group, axis=1)
     fin = lambda x: np.where(np.isfinite(x), np.abs(x), 0.0)  # noqa: E731
     with np.errstate(over="ignore", invalid="ignore"):
-        absdot = abs(p.scale) * np.matmul(fin(p.q), np.swapaxes(fin(k), -1, -2))
-        if p.mask is not None and p.mask.dtype != np.bool_:
-            absdot = absdot + fin(p.mask)
-    E = p.q.shape[-1]
+        absdot = abs(p.scale) * np.matmul(fin(p_q), np.swapaxes(fin(k), -1, -2))
+        if p_mask is not None and p_mask.dtype != np.bool_:
+            absdot = absdot + fin(p_mask)
+    E = p_q.shape[-1]
     delta = (4 + E) * EPS32 * (absdot.max(-1, keepdims=True) if Lk else np.zeros((B, Hq, Lq, 1)))
     rel = np.expm1(np.minimum(2 * delta, 50.0))                                   # (B,H,Lq,1)
     # the bar for the finite elements of well-scaled problems (inf/NaN sprinkled
