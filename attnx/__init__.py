@@ -13,7 +13,29 @@ plot_attention                heatmaps of attention weights (needs matplotlib: a
 get_num_threads, set_num_threads, isa
 """
 
-from . import _attnx as _attnx
+try:
+    from . import _attnx as _attnx
+except ImportError:
+    # Without a built extension in this directory, Python's own message would blame
+    # "a circular import". Say what happened instead (as NumPy does), unless an
+    # extension file for this Python is here and failed to load: that error is real.
+    import importlib.machinery as _machinery
+    import os as _os
+
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    if any(_os.path.exists(_os.path.join(_here, "_attnx" + _suffix))
+           for _suffix in _machinery.EXTENSION_SUFFIXES):
+        raise
+    raise ImportError(
+        f"cannot import attnx from {_here}: its C extension attnx._attnx is not built "
+        f"there (no _attnx{_machinery.EXTENSION_SUFFIXES[0]}). This is most likely "
+        "attnx's source tree, found first because Python was started from its root "
+        "(the current directory comes first on sys.path and shadows an installed attnx). "
+        f"Either build the extension in place: run `pip install -e .` in "
+        f"{_os.path.dirname(_here)}; or, after `pip install .`, run Python from "
+        "another directory.",
+        name="attnx._attnx", path=_here,
+    ) from None
 from ._functional import scaled_dot_product_attention
 from ._masks import causal_mask, padding_mask
 from ._mha import MultiHeadAttention
@@ -72,7 +94,9 @@ def set_num_threads(n: int) -> None:
     """Set the number of threads the C core uses; ``n <= 0`` restores the default.
 
     Applies to every later call, from any Python thread (process-wide, like
-    ``torch.set_num_threads``).
+    ``torch.set_num_threads``). ``n`` must be an integer (TypeError otherwise,
+    bools included) of at most 2**20 (ValueError); more threads than the
+    core's maximum use that maximum (``get_num_threads()`` tells).
 
     Example
     -------
@@ -82,4 +106,14 @@ def set_num_threads(n: int) -> None:
     1
     >>> attnx.set_num_threads(0)      # back to the default
     """
-    _attnx.set_num_threads(int(n))
+    import operator
+
+    if isinstance(n, bool) or type(n).__name__ in ("bool", "bool_"):   # also NumPy's bool
+        raise TypeError(f"n must be an integer number of threads; got bool {n!r}")
+    try:
+        count = operator.index(n)
+    except TypeError:
+        raise TypeError(f"n must be an integer number of threads; got {type(n).__name__} {n!r}") from None
+    if count > 1 << 20:
+        raise ValueError(f"n must be at most {1 << 20} threads (n <= 0 restores the default); got {count}")
+    _attnx.set_num_threads(max(count, 0))

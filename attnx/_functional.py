@@ -49,41 +49,133 @@ def _shape(a: NDArray[Any]) -> str:
     return "(" + ", ".join(str(n) for n in a.shape) + ("," if a.ndim == 1 else "") + ")"
 
 
-def _asarray(x: object, name: str) -> NDArray[Any]:
+def _asarray(x: object, name: str, float32_range: bool = True) -> NDArray[Any]:
     """``x`` as an ndarray, sharing its memory whenever NumPy can (no copy).
 
     Accepts NumPy arrays, sequences, objects with ``__array__`` (a PyTorch CPU
     tensor gives a view of its memory) and objects with only ``__dlpack__``
     (read with ``np.from_dlpack``, also without a copy). A tensor that
     requires grad is read through ``x.detach()``, a new tensor sharing the
-    same memory: the caller's tensor is never modified. torch is never
+    same memory: the caller's tensor is never modified. A tensor with its
+    negative or conjugate bit set (``is_neg()``/``is_conj()``, lazy views
+    such as ``z.conj().imag``) is read through ``resolve_neg()`` /
+    ``resolve_conj()`` (a copy holding the values it shows). torch is never
     imported here.
+
+    Refused with TypeError naming ``name``: masked arrays (their mask would
+    be dropped), objects whose own ``__array__`` fails (sparse, quantized,
+    bfloat16, non-CPU tensors...: DLPack is not tried then, as it may drop
+    what made the conversion fail). With ``float32_range``, a float64 array
+    holding finite values beyond float32's range raises ValueError (see
+    :func:`_check_float32_range`). MemoryError propagates.
     """
     if type(x) is np.ndarray:
-        return x
-    if isinstance(x, np.ndarray):  # a subclass (np.matrix, masked array): its data, as a view
-        return np.asarray(x)
+        a: Optional[NDArray[Any]] = x
+    elif isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a masked array (numpy.ma): attnx would ignore its mask. Pass padding "
+            f"as key_lengths/query_lengths or as attn_mask (bool, True = may attend), or fill "
+            f"the masked entries explicitly: {name}.filled(value), e.g. {name}.filled(0)")
+    elif isinstance(x, np.ndarray):  # a subclass (np.matrix, ...): its data, as a view
+        a = np.asarray(x)
+    else:
+        a = _asarray_foreign(x, name)
+    assert a is not None
+    if float32_range:
+        _check_float32_range(a, name)
+    return a
+
+
+def _bit_set(x: object, method: str) -> bool:
+    """Whether ``x.method()`` (``is_neg``, ``is_conj``: torch's lazy negation
+    and conjugation bits, which ``__dlpack__`` does not export) returns True."""
+    f = getattr(x, method, None)
+    if not callable(f):
+        return False
+    try:
+        return f() is True
+    except Exception:  # not torch's method: an unrelated attribute of that name
+        return False
+
+
+def _asarray_foreign(x: object, name: str) -> NDArray[Any]:
+    """:func:`_asarray` for objects that are not ndarrays."""
     if getattr(x, "requires_grad", False) is True:
         detach = getattr(x, "detach", None)
         if callable(detach):
             x = detach()
+    for bit, resolve, what in (("is_neg", "resolve_neg", "negative"),
+                               ("is_conj", "resolve_conj", "conjugate")):
+        if _bit_set(x, bit):
+            f = getattr(x, resolve, None)
+            if not callable(f):
+                raise TypeError(f"{name} has its {what} bit set ({bit}() is True) and no "
+                                f"{resolve}(): its memory does not hold its values")
+            x = f()
+            if _bit_set(x, bit):
+                raise TypeError(f"{name} still has its {what} bit set after {resolve}()")
     error: Optional[Exception] = None
     a: Optional[NDArray[Any]] = None
     try:
         a = np.asarray(x)
-    except Exception as exc:  # e.g. a ragged list, a GPU tensor, bfloat16
+    except MemoryError:
+        raise
+    except Exception as exc:  # e.g. a ragged list, a GPU, sparse or bfloat16 tensor
         error = exc
-    if (a is None or a.dtype == object) and hasattr(x, "__dlpack__"):
+    # DLPack only for objects NumPy did not recognise (an object array): when
+    # the object's own conversion refused it, DLPack may export memory without
+    # what made it refuse (a lazy bit, a zero tensor's missing storage)
+    if a is not None and a.dtype == object and hasattr(x, "__dlpack__"):
         try:
             return np.from_dlpack(x)
+        except MemoryError:
+            raise
         except Exception as exc:
-            error = error or exc  # np.asarray's message is the more specific one
+            error = exc
+            a = None
     if a is None:
         dtype = getattr(x, "dtype", None)
         what = type(x).__name__ + (f" of dtype {dtype}" if dtype is not None else "")
         raise TypeError(f"{name} must be array-like (a NumPy array, a CPU tensor, anything with "
                         f"__array__ or __dlpack__); got {what}: {error}") from None
     return a
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_float32_range(a: NDArray[Any], name: str) -> None:
+    """ValueError naming ``name`` when a float64 array holds finite values
+    beyond float32's range (|x| > 3.4028235e38): attnx computes in float32,
+    where they would overflow to +-inf (the kernels and ``attnx.reference``,
+    which computes in float64, would disagree). inf and NaN pass. Two
+    reductions without temporaries in the common case."""
+    if a.dtype.kind != "f" or a.dtype.itemsize <= 4 or a.size == 0:
+        return
+    lo, hi = np.fmin.reduce(a, axis=None), np.fmax.reduce(a, axis=None)   # NaN ignored
+    if -_F32_MAX <= lo and hi <= _F32_MAX:
+        return
+    with np.errstate(invalid="ignore"):
+        out = (a > _F32_MAX) | (a < -_F32_MAX)
+    out &= np.isfinite(a)
+    if not out.any():          # only inf (or NaN) beyond the range
+        return
+    bad = a[out]
+    hint = (" To block keys use -np.inf or a bool mask (True = may attend), not "
+            "np.finfo(np.float64).min or -1e300; np.finfo(np.float32).min also fits."
+            if "mask" in name else " Rescale it, or convert it to float32 yourself.")
+    raise ValueError(
+        f"{name} (float64) holds {bad.size} finite value(s) beyond float32's range, e.g. "
+        f"{bad.flat[0]:g} (|x| > {_F32_MAX:g}); attnx computes in float32, where they would "
+        f"overflow to inf.{hint}")
+
+
+def _check_flag(value: object, name: str) -> bool:
+    """``value`` as a Python bool; TypeError naming ``name`` unless it is a bool or
+    a NumPy bool (a truthy string such as ``"no"`` is not taken as True)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (True or False); got {type(value).__name__} {value!r}")
 
 
 def _as_float(x: object, name: str, dtype: type[np.floating[Any]] = np.float32) -> NDArray[Any]:
@@ -214,6 +306,7 @@ def _prepare(query: object, key: object, value: object, attn_mask: object, dropo
              key_lengths: object, query_lengths: object,
              dtype: type[np.floating[Any]]) -> _Prepared:
     """Check and normalise the public arguments (see scaled_dot_product_attention)."""
+    enable_gqa = _check_flag(enable_gqa, "enable_gqa")
     q = q0 = _as_float(query, "query", dtype)
     k = k0 = _as_float(key, "key", dtype)
     v = v0 = _as_float(value, "value", dtype)
@@ -252,6 +345,10 @@ def _prepare(query: object, key: object, value: object, attn_mask: object, dropo
     if Hq != Hk:
         if not enable_gqa:
             raise ValueError(
+                f"query has N={Hq} but key/value have N={Hk}: for 3-D (N, L, E) inputs the first "
+                f"axis N (the batch, or the heads) must match; grouped-query attention "
+                f"(enable_gqa=True) is for 4-D (B, H, L, E) inputs; got {shapes()}"
+                if nd == 3 and layout == "bhld" else
                 f"query has {Hq} heads but key/value have {Hk}; pass enable_gqa=True for "
                 f"grouped-query attention; got {shapes()}")
         if Hk == 0 or Hq % Hk:
@@ -433,8 +530,9 @@ def scaled_dot_product_attention(
     ...             attnx.scaled_dot_product_attention(q, k, v, is_causal=True))
     True
     """
+    need_weights = _check_flag(need_weights, "need_weights")
     if (attn_mask is None and key_lengths is None and query_lengths is None
-            and not need_weights and layout == "bhld"):
+            and need_weights is False and layout == "bhld" and enable_gqa is False):
         out_fast = _fast_path(query, key, value, dropout_p, is_causal, scale)
         if out_fast is not None:
             return out_fast

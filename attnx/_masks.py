@@ -19,6 +19,8 @@ from typing import Any, Optional, SupportsIndex
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ._functional import _asarray
+
 __all__ = ["causal_mask", "padding_mask"]
 
 
@@ -142,10 +144,7 @@ def padding_mask(lengths: ArrayLike, L: SupportsIndex) -> NDArray[np.bool_]:
     (2, 1, 4, 4)
     """
     L = _size(L, "L")
-    try:
-        a = np.asarray(lengths)
-    except Exception as exc:  # e.g. a ragged list
-        raise TypeError(f"lengths must be an array of integers; got {type(lengths).__name__}: {exc}") from None
+    a = _asarray(lengths, "lengths")   # tensors, __array__, DLPack; TypeError naming lengths
     if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
         raise TypeError(f"lengths must be an array of integers; got dtype {a.dtype} with shape {a.shape}")
     if a.size and (a.min() < 0 or a.max() > L):

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import importlib
 import operator
+import warnings
 from typing import Any, Literal, Optional, SupportsIndex, Tuple, TypeVar, Union, overload
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._functional import ArrayInput, Causal, _asarray, scaled_dot_product_attention
+from ._functional import ArrayInput, Causal, _asarray, _check_flag, scaled_dot_product_attention
 
 __all__ = ["MultiHeadAttention"]
 
@@ -338,6 +339,8 @@ class MultiHeadAttention:
         >>> float(w[2, 0, 3:].sum())                             # padded keys get no weight
         0.0
         """
+        need_weights = _check_flag(need_weights, "need_weights")
+        average_weights = _check_flag(average_weights, "average_weights")
         self._check_parameters()
         q_in = _as_input(query, "query")
         if key is None:
@@ -374,7 +377,7 @@ class MultiHeadAttention:
             raise ValueError(f"query, key and value must have the same batch size B; got {shapes()}")
 
         if attn_mask is not None:
-            m = np.asarray(attn_mask)
+            m = _asarray(attn_mask, "attn_mask")
             if m.ndim == 3 and not unbatched and m.shape[0] != 1:
                 raise ValueError(
                     f"a 3-D attn_mask {_shape(m)} is ambiguous for batched inputs: pass "
@@ -441,7 +444,8 @@ class MultiHeadAttention:
         module's (embed_dim, num_heads, head_dim = embed_dim // num_heads,
         kdim, vdim); the biases follow the module's (``self.bias`` is updated).
         Modules with ``add_bias_kv`` or ``add_zero_attn`` are refused. Dropout
-        is not applied (put the torch module in ``eval()`` mode to compare).
+        is not applied (put the torch module in ``eval()`` mode to compare): a
+        module in training mode with ``dropout > 0`` gives a UserWarning.
 
         Returns ``self``.
 
@@ -451,9 +455,19 @@ class MultiHeadAttention:
         >>> t = torch.nn.MultiheadAttention(64, 8, batch_first=True).eval()  # doctest: +SKIP
         >>> mha = attnx.MultiHeadAttention(64, 8).load_torch(t)    # doctest: +SKIP
         """
+        return self._load_torch(module, stacklevel=3)
+
+    def _load_torch(self: _M, module: Any, stacklevel: int) -> _M:
+        """:meth:`load_torch`; a dropout warning points ``stacklevel`` frames up (the caller's call)."""
         torch = _import_torch()
         if not isinstance(module, torch.nn.MultiheadAttention):
             raise TypeError(f"module must be a torch.nn.MultiheadAttention; got {type(module).__name__}")
+        dropout = getattr(module, "dropout", 0.0)
+        if module.training and isinstance(dropout, (int, float)) and dropout > 0:
+            warnings.warn(
+                f"the torch.nn.MultiheadAttention is in training mode with dropout={dropout}: attnx "
+                f"computes attention without dropout, as the module does in eval mode (call "
+                f"module.eval() before comparing results)", UserWarning, stacklevel=stacklevel)
         E, H = module.embed_dim, module.num_heads
         theirs = (E, H, module.head_dim, module.kdim, module.vdim)
         ours = (self.d_model, self.num_heads, self.d_head, self.kdim, self.vdim)
@@ -500,7 +514,8 @@ class MultiHeadAttention:
         """A new layer holding a copy of a ``torch.nn.MultiheadAttention``'s weights.
 
         Sizes (embed_dim, num_heads, kdim, vdim) and biases are taken from the
-        module; see :meth:`load_torch`. torch needs ``embed_dim`` divisible by
+        module; see :meth:`load_torch` (a module in training mode with
+        ``dropout > 0`` gives a UserWarning: attnx applies no dropout). torch needs ``embed_dim`` divisible by
         ``num_heads``, so the layer has ``d_head = embed_dim // num_heads``.
 
         Examples
@@ -519,4 +534,4 @@ class MultiHeadAttention:
         has_bias = module.in_proj_bias is not None or module.out_proj.bias is not None
         self = cls(module.embed_dim, module.num_heads, module.head_dim, bias=has_bias,
                    kdim=module.kdim, vdim=module.vdim, seed=0)
-        return self.load_torch(module)
+        return self._load_torch(module, stacklevel=3)

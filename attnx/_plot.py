@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Tuple,
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ._functional import _asarray
+
 if TYPE_CHECKING:  # matplotlib is optional: its types only matter to a type checker
     from matplotlib.axes import Axes
     from matplotlib.colors import Colormap
@@ -70,10 +72,9 @@ def _as_weights(weights: Any) -> Tuple[NDArray[np.float64], bool]:
             "need_weights=True), pass the second item")
     if hasattr(weights, "detach") and hasattr(weights, "cpu"):  # a torch tensor, maybe requiring grad
         weights = weights.detach().cpu()
-    try:
-        w = np.asarray(weights)
-    except Exception as exc:
-        raise TypeError(f"weights must be array-like; got {type(weights).__name__}: {exc}") from None
+    # the conversion of every attnx function: lazy torch bits resolved, DLPack,
+    # masked arrays refused (float64 is drawn as it is: no float32 range check)
+    w = _asarray(weights, "weights", float32_range=False)
     is_mask = w.dtype == np.bool_        # a mask: True = may attend, drawn as 1.0
     if not is_mask and not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.integer)):
         raise TypeError(f"weights must be real numbers (or bool); got dtype {w.dtype} with shape {_shape(w)}")

@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _attnx
-from ._functional import ArrayInput, Causal, Layout, _asarray
+from ._functional import ArrayInput, Causal, Layout, _asarray, _check_flag
 
 __all__ = ["reference", "reference_attention"]
 
@@ -75,11 +75,11 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
         j = np.arange(Lk)[None, :]
         allowed &= j <= i + offset
     if key_lengths is not None:
-        kl = np.broadcast_to(np.asarray(key_lengths), (B, Hq))
+        kl = np.broadcast_to(_asarray(key_lengths, "key_lengths"), (B, Hq))
         allowed &= np.arange(Lk)[None, None, None, :] < kl[:, :, None, None]
     row_ok = np.ones((B, Hq, Lq, 1), dtype=bool)
     if query_lengths is not None:
-        ql = np.broadcast_to(np.asarray(query_lengths), (B, Hq))
+        ql = np.broadcast_to(_asarray(query_lengths, "query_lengths"), (B, Hq))
         row_ok = np.arange(Lq)[None, None, :, None] < ql[:, :, None, None]
 
     scores = np.where(allowed, scores, -np.inf)
@@ -171,7 +171,10 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     ``query_lengths`` as there. The inputs may be anything
     :func:`attnx.scaled_dot_product_attention` accepts (PyTorch CPU tensors,
     objects with ``__array__`` or ``__dlpack__``); float16/float32 inputs are
-    converted to float64 and everything is computed in float64.
+    converted to float64 and everything is computed in float64. A float64
+    input or mask holding finite values beyond float32's range raises the
+    same ValueError as :func:`attnx.scaled_dot_product_attention` (whose
+    float32 arithmetic cannot hold them), so the two never disagree on them.
 
     Examples
     --------
@@ -190,6 +193,7 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     """
     from ._functional import _allocate, _finish, _prepare
 
+    need_weights = _check_flag(need_weights, "need_weights")
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  layout, key_lengths, query_lengths, np.float64)
     out, out_v, weights = _allocate(p, need_weights, np.float64)
