@@ -46,3 +46,5 @@ def get_num_threads() -> int:
 def set_num_threads(n: int, /) -> None:
     """Threads used per call; ``n <= 0`` restores the default."""
 EXP_FLUSH_BELOW: float
+ISA_NAMES: tuple[str, ...]
+MAX_THREADS: int

@@ -1,4 +1,4 @@
-"""``python -m attnx bench``: attnx against PyTorch and the seeds' NumPy code.
+"""``python -m attnx bench``: attnx against PyTorch and a tutorial's NumPy code.
 
 Every row times its contestants in one process, interleaved (a, b, c, a, b,
 c, ...), and reports medians, so a noisy shared machine slows them alike and
@@ -12,17 +12,23 @@ the full count, so a causal row's speed-up is visible as a higher number).
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
-import os
 import platform
 import subprocess
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
+
+Row = Dict[str, Any]
+F32 = NDArray[np.float32]
 
 
-def add_arguments(p):
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer cases and repeats (about a minute)")
     p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
     p.add_argument("--threads", type=int, default=0, help="threads for every contestant (default: attnx's)")
@@ -40,18 +46,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def seed_numpy_attention(Q, K, V, mask=None):
-    """Seed 004's NumPy snippet, as published (mask: 0 = blocked)."""
+def numpy_attention(Q: F32, K: F32, V: F32) -> Tuple[F32, F32]:
+    """The NumPy attention that tutorials teach (it builds every score):
+    Q (N, Lq, D), K (N, Lk, D), V (N, Lk, Dv) -> out (N, Lq, Dv), weights (N, Lq, Lk)."""
     d_k = Q.shape[-1]
     scores = Q @ K.transpose(0, 2, 1) / np.sqrt(d_k)
-    if mask is not None:
-        scores = np.where(mask == 0, -1e9, scores)
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     weights = e / e.sum(axis=-1, keepdims=True)
     return weights @ V, weights
 
 
-def _time(fns, repeats, settle=()):
+def _time(fns: Sequence[Callable[[], object]], repeats: int,
+          settle: Sequence[int] = ()) -> List[float]:
     """Median seconds per call of each callable, interleaved by blocks.
 
     Each round runs every contestant in turn for a block of back-to-back
@@ -61,14 +67,14 @@ def _time(fns, repeats, settle=()):
     a call; without the pause they would slow down whichever contestant runs
     next, and on two cores that decides small cases. The result is the
     median over ``repeats`` rounds of each block's time per call."""
-    counts = []
+    counts: List[int] = []
     for f in fns:              # warm up for 30 ms (at least twice): the block size
         n, t0 = 0, time.perf_counter()
         while n < 2 or time.perf_counter() - t0 < 0.03:
             f()
             n += 1
         counts.append(max(1, n - 1))
-    times = [[] for _ in fns]
+    times: List[List[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for i, (t, f, n) in enumerate(zip(times, fns, counts)):
             time.sleep(0.2 if (i - 1) % len(fns) in settle else 0.03)
@@ -79,7 +85,7 @@ def _time(fns, repeats, settle=()):
     return [float(np.median(t)) for t in times]
 
 
-def read_bandwidth(threads, repeats=5):
+def read_bandwidth(threads: int, repeats: int = 5) -> float:
     """GB/s of np.max over 256 MiB, split across ``threads`` Python threads
     (NumPy releases the GIL in reductions): the memory read speed that plain
     NumPy code reaches on this machine, the yardstick for decoding."""
@@ -88,7 +94,7 @@ def read_bandwidth(threads, repeats=5):
     big = np.ones(64 * 2**20, dtype=np.float32)
     parts = np.array_split(big, threads)
 
-    def run():
+    def run() -> None:
         ts = [threading.Thread(target=np.max, args=(p,)) for p in parts]
         for t in ts:
             t.start()
@@ -99,7 +105,8 @@ def read_bandwidth(threads, repeats=5):
         big.nbytes / min(_time([lambda: np.max(big)], repeats)) / 1e9
 
 
-def _inputs(B, Hq, Hk, Lq, Lk, D, layout="bhld", seed=0):
+def _inputs(B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, layout: str = "bhld",
+            seed: int = 0) -> List[F32]:
     rng = np.random.default_rng(seed)
     if layout == "blhd":
         shapes = [(B, Lq, Hq, D), (B, Lk, Hk, D), (B, Lk, Hk, D)]
@@ -109,7 +116,9 @@ def _inputs(B, Hq, Hk, Lq, Lk, D, layout="bhld", seed=0):
 
 
 class _Bench:
-    def __init__(self, args):
+    """The contestants, the settings of one run, and how rows are printed."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
         import attnx
 
         self.attnx = attnx
@@ -117,14 +126,15 @@ class _Bench:
         self.json = args.json
         self.repeats = args.repeats or (3 if args.quick else 7)
         self.threads = args.threads or attnx.get_num_threads()
+        self.torch: Any = None      # imported through importlib: torch is untyped for mypy here
+        self.F: Any = None
         try:
-            import torch
-            import torch.nn.functional as F
+            self.torch = importlib.import_module("torch")
+            self.F = importlib.import_module("torch.nn.functional")
         except ImportError:
-            torch = F = None
-        self.torch, self.F = torch, F
+            pass
 
-    def emit(self, row):
+    def emit(self, row: Row) -> None:
         if self.json:
             print(json.dumps(row), flush=True)
             return
@@ -139,7 +149,7 @@ class _Bench:
             fmt += "  " + row["note"]
         print(fmt, flush=True)
 
-    def header(self):
+    def header(self) -> None:
         if self.json:
             return
         print(f"attnx {self.attnx.__version__}, ISA {self.attnx.isa()}, {self.threads} thread(s), "
@@ -149,8 +159,11 @@ class _Bench:
               "(each a ~30 ms block of back-to-back calls)")
         print(f"{'case':<44} {'attnx':>8} {'torch':>8} {'numpy':>8} {'vs torch':>9} {'vs numpy':>9}")
 
-    def case(self, name, B, Hq, Hk, Lq, Lk, D, *, causal=False, mask=None, layout="bhld",
-             need_weights=False, numpy=False, threads=None):
+    def case(self, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, *,
+             causal: bool = False, mask: Optional[NDArray[Any]] = None, layout: str = "bhld",
+             need_weights: bool = False, numpy: bool = False, threads: Optional[int] = None) -> Row:
+        """One row: attnx, torch's SDPA (unless need_weights) and, with ``numpy``,
+        the tutorial NumPy code, on the same inputs and threads."""
         attnx, torch, F = self.attnx, self.torch, self.F
         nt = threads or self.threads
         attnx.set_num_threads(nt)
@@ -158,8 +171,9 @@ class _Bench:
             torch.set_num_threads(nt)
         q, k, v = _inputs(B, Hq, Hk, Lq, Lk, D, layout)
         gqa = Hq != Hk
-        fns = [lambda: attnx.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=layout,
+        lay = "blhd" if layout == "blhd" else "bhld"
+        fns: List[Callable[[], object]] = [lambda: attnx.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=lay,
             need_weights=need_weights)]
         names = ["attnx"]
         if torch and not need_weights:
@@ -175,11 +189,12 @@ class _Bench:
             names.append("torch")
         if numpy:
             q3, k3, v3 = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
-            fns.append(lambda: seed_numpy_attention(q3, k3, v3))
+            fns.append(lambda: numpy_attention(q3, k3, v3))
             names.append("numpy")
-        times = dict(zip(names, _time(fns, self.repeats, settle={names.index("numpy")} if numpy else ())))
+        settle = [names.index("numpy")] if numpy else []
+        times = dict(zip(names, _time(fns, self.repeats, settle)))
         flops = 4.0 * B * Hq * Lq * Lk * D
-        row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
+        row: Row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
                "attnx_gflops": flops / times["attnx"] / 1e9}
         for n in ("torch", "numpy"):
             if n in times:
@@ -190,7 +205,7 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
-    def decode(self, Lk, H, D):
+    def decode(self, Lk: int, H: int, D: int) -> Row:
         """Lq = 1: bandwidth bound; report GB/s of K and V read against a plain read."""
         attnx = self.attnx
         attnx.set_num_threads(self.threads)
@@ -198,7 +213,7 @@ class _Bench:
         t_attn, = _time([lambda: attnx.scaled_dot_product_attention(q, k, v)], self.repeats)
         gbs = (k.nbytes + v.nbytes) / t_attn / 1e9
         read = read_bandwidth(self.threads)
-        row = {"case": f"decode Lq=1 Lk={Lk} H={H} D={D}", "threads": self.threads,
+        row: Row = {"case": f"decode Lq=1 Lk={Lk} H={H} D={D}", "threads": self.threads,
                "attnx_s": t_attn, "attnx_gflops": 4.0 * H * Lk * D / t_attn / 1e9,
                "attnx_GBps": gbs, "numpy_read_GBps": read,
                "note": f"reads K+V at {gbs:.1f} GB/s = {gbs / read:.0%} of np.max's "
@@ -214,7 +229,7 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
-    def memory(self, L, H, D):
+    def memory(self, L: int, H: int, D: int) -> Row:
         """Peak RSS of one long-sequence call, in a fresh process."""
         code = (
             "import resource, numpy as np, attnx\n"
@@ -230,7 +245,7 @@ class _Bench:
         base_kib, peak_kib, t, data = res.stdout.split()
         extra = (int(peak_kib) - int(base_kib)) / 1024
         flops = 4.0 * H * L * L * D
-        row = {"case": f"long L={L} H={H} D={D}", "threads": self.threads, "attnx_s": float(t),
+        row: Row = {"case": f"long L={L} H={H} D={D}", "threads": self.threads, "attnx_s": float(t),
                "attnx_gflops": flops / float(t) / 1e9, "peak_rss_growth_MiB": extra,
                "note": f"RSS grew {extra:.0f} MiB during the call (inputs + output {int(data) / 2**20:.0f} MiB, "
                        "allocated before)"}
@@ -238,11 +253,19 @@ class _Bench:
         return row
 
 
-def run(args) -> int:
+def smoke(args: argparse.Namespace) -> Row:
+    """One tiny row through the benchmark's own machinery (the tests call this)."""
+    b = _Bench(args)
+    b.header()
+    return b.case("smoke B=1 H=2 L=32 D=16", 1, 2, 2, 32, 32, 16, numpy=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The whole benchmark (``--quick``: fewer rows and repeats); prints each row."""
     b = _Bench(args)
     b.header()
     nt = b.threads
-    rows = []
+    rows: List[Row] = []
     rows.append(b.case(f"B=1 H=8 L=1024 D=64, {nt} threads", 1, 8, 8, 1024, 1024, 64, numpy=True))
     if nt > 1:
         rows.append(b.case("B=1 H=8 L=1024 D=64, 1 thread", 1, 8, 8, 1024, 1024, 64, threads=1))

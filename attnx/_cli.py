@@ -1,12 +1,12 @@
-"""Command line: ``python -m attnx [info|demo|bench]``.
+"""The command line, ``python -m attnx [info|demo|bench]`` (``__main__`` runs it).
 
 * ``python -m attnx``: what ``info`` prints, then the demo (README's main job;
   exits 1 if the demo does not match the reference).
 * ``python -m attnx info``: version, build (the extension, the instruction
   sets it can use here and the one in use), threads, optional extras, and a
   warning line for an ``ATTNX_ISA`` / ``ATTNX_NUM_THREADS`` that is ignored.
-* ``python -m attnx demo``: attention over the seeds' sentence, the weights
-  printed as a table, checked against the float64 reference; exits 1 if it
+* ``python -m attnx demo``: self-attention over the sentence "The animal
+  didn't cross the street because it was too tired", the weights printed as a table, checked against the float64 reference; exits 1 if it
   does not match.
 * ``python -m attnx bench``: the speed benchmark (see ``--help``).
 
@@ -17,18 +17,17 @@ traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import platform
 import sys
-from typing import Any, List, NoReturn, Optional, Sequence, Tuple
+from typing import List, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _attnx, _bench
+
 SENTENCE = "The animal didn't cross the street because it was too tired"
-ISA_NAMES = ("scalar", "avx2", "avx512", "neon")    # what csrc/dispatch.c knows
-MAX_THREADS = 256                                   # csrc/threads.c: MAX_THREADS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,14 +39,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _env_warnings() -> List[str]:
     """Settings in the environment that the C core ignores (it falls back silently)."""
-    from . import _attnx
-
     warnings = []
     isa = os.environ.get("ATTNX_ISA")
     if isa and isa != _attnx.isa():
         available = _attnx.available_isas()
-        why = ("is not available on this CPU" if isa in ISA_NAMES else
-               f"is not an instruction set (known: {', '.join(ISA_NAMES)})")
+        why = ("is not available on this CPU" if isa in _attnx.ISA_NAMES else
+               f"is not an instruction set (known: {', '.join(_attnx.ISA_NAMES)})")
         warnings.append(f"ATTNX_ISA={isa!r} {why}; using {_attnx.isa()} "
                         f"(available here: {', '.join(available)})")
     for name in ("ATTNX_NUM_THREADS", "OMP_NUM_THREADS"):
@@ -58,10 +55,10 @@ def _env_warnings() -> List[str]:
             n = int(value)
         except ValueError:
             n = 0
-        if not (0 < n <= MAX_THREADS) or value != value.rstrip():
+        if not (0 < n <= _attnx.MAX_THREADS) or value != value.rstrip():
             warnings.append(f"{name}={value!r} is ignored by attnx: it must be an integer "
-                            f"from 1 to {MAX_THREADS}")
-        if name == "ATTNX_NUM_THREADS" and 0 < n <= MAX_THREADS:
+                            f"from 1 to {_attnx.MAX_THREADS}")
+        if name == "ATTNX_NUM_THREADS" and 0 < n <= _attnx.MAX_THREADS:
             break   # takes precedence over OMP_NUM_THREADS
     return warnings
 
@@ -70,7 +67,7 @@ def _threads_source() -> str:
     for name in ("ATTNX_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "")
         try:
-            if 0 < int(value) <= MAX_THREADS and value == value.rstrip():
+            if 0 < int(value) <= _attnx.MAX_THREADS and value == value.rstrip():
                 return f"from {name}"
         except ValueError:
             pass
@@ -79,10 +76,8 @@ def _threads_source() -> str:
 
 def _package_version(name: str) -> Optional[str]:
     """The installed version of ``name`` (without importing it), or None."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover - Python < 3.8
-        return None
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(name)
     except PackageNotFoundError:
@@ -91,7 +86,6 @@ def _package_version(name: str) -> Optional[str]:
 
 def _info() -> None:
     import attnx
-    from attnx import _attnx
 
     print(f"attnx {attnx.__version__} (numpy {np.__version__}, "
           f"{platform.python_implementation()} {platform.python_version()}, "
@@ -110,11 +104,11 @@ def _info() -> None:
 
 
 def demo_inputs(d_model: int = 16, seed: int = 0) -> Tuple[List[str], NDArray[np.float32]]:
-    """Tokens of the seeds' sentence and small embeddings (L, d_model), float32.
+    """Tokens of SENTENCE and small embeddings (L, d_model), float32.
 
     The embeddings are random, except that "it" is made close to "animal", so
-    that the attention of "it" visibly lands on "animal" (the seeds' example
-    of what attention resolves).
+    that the attention of "it" visibly lands on "animal" (the classic example
+    of what attention resolves: what does "it" refer to?).
     """
     tokens = SENTENCE.split()
     rng = np.random.default_rng(seed)
@@ -147,52 +141,37 @@ def _demo() -> int:
     return 0 if ok else 1
 
 
-def _smoke_bench(bench: Any, args: argparse.Namespace) -> int:
-    """One tiny row through the benchmark's own machinery (for the tests)."""
-    args.repeats = args.repeats or 1
-    b = bench._Bench(args)
-    b.header()
-    b.case("smoke B=1 H=2 L=32 D=16", 1, 2, 2, 32, 32, 16, numpy=True)
-    return 0
-
-
-def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser, Any]:
+def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     from . import __version__
 
     parser = _Parser(
         prog="python -m attnx",
         description="attnx: fast, exact masked multi-head attention for NumPy. Without a "
                     "command: what 'info' prints, then the demo.",
-        epilog="environment: ATTNX_ISA=scalar|avx2|avx512 forces an instruction set, "
-               "ATTNX_NUM_THREADS (or OMP_NUM_THREADS) sets the thread count.")
+        epilog=f"environment: ATTNX_ISA={'|'.join(_attnx.ISA_NAMES)} forces an instruction "
+               "set, ATTNX_NUM_THREADS (or OMP_NUM_THREADS) sets the thread count.")
     parser.add_argument("--version", action="version", version=f"attnx {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{info,demo,bench}")
     sub.add_parser("info", description="Version, build (the instruction sets usable here and "
                    "the one in use), threads and optional extras.",
                    help="version, build, instruction set, threads")
-    sub.add_parser("demo", description="Self-attention over the seeds' sentence: the weights as "
+    sub.add_parser("demo", description=f'Self-attention over "{SENTENCE}": the weights as '
                    "a table, checked against the float64 reference (exit 1 on a mismatch).",
-                   help="attention over the seeds' sentence, checked against the reference")
-    bench = sub.add_parser("bench", description="attnx against PyTorch and the seeds' NumPy "
-                           "code: interleaved runs in one process, medians, ratios.",
-                           help="speed against PyTorch and the seeds' NumPy code")
-    try:   # typed as Any: the benchmark module is not part of the typed API
-        _bench: Any = importlib.import_module(f"{__package__ or 'attnx'}._bench")
-    except ImportError:  # pragma: no cover
-        _bench = None
-    if _bench is not None:
-        _bench.add_arguments(bench)
-        bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
-    return parser, bench, _bench
+                   help="attention over an example sentence, checked against the reference")
+    bench = sub.add_parser("bench", description="attnx against PyTorch and the NumPy attention "
+                           "tutorials teach: interleaved runs in one process, medians, ratios.",
+                           help="speed against PyTorch and plain NumPy")
+    _bench.add_arguments(bench)
+    return parser, bench
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    parser, bench_parser, _bench = _parser()
+    parser, bench_parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "bench" and _bench is not None:
-        if args.threads < 0 or args.threads > MAX_THREADS:
-            bench_parser.error(f"argument --threads: must be from 1 to {MAX_THREADS} "
+    if args.command == "bench":
+        if args.threads < 0 or args.threads > _attnx.MAX_THREADS:
+            bench_parser.error(f"argument --threads: must be from 1 to {_attnx.MAX_THREADS} "
                                f"(0: attnx's default); got {args.threads}")
         if args.repeats < 0:
             bench_parser.error(f"argument --repeats: must be a positive integer "
@@ -207,12 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _info()
             return 0
         if args.command == "bench":
-            if _bench is None:
-                print("error: the benchmark is not available in this build", file=sys.stderr)
-                return 2
-            if args.smoke:
-                return _smoke_bench(_bench, args)
-            return int(_bench.run(args))
+            return _bench.run(args)
         _info()
         return _demo()
     except KeyboardInterrupt:
@@ -225,7 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
-def _run() -> int:
+def run() -> int:
+    """``python -m attnx``: main() on sys.argv, quiet when stdout is closed early."""
     try:
         code = main()
         sys.stdout.flush()
@@ -236,7 +211,3 @@ def _run() -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(_run())

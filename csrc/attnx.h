@@ -85,6 +85,12 @@ const char *attnx_isa_name(void);                  /* the one in use */
 int attnx_isa_available(const char *name);         /* 1 if compiled in and supported by the CPU */
 attnx_status attnx_set_isa(const char *name);
 
+/* Every instruction set the core knows, in order: name_at(0 .. count-1). */
+int attnx_isa_count(void);
+const char *attnx_isa_name_at(int i);              /* NULL outside [0, count) */
+
+#define ATTNX_MAX_THREADS 256                      /* more threads than this are not used */
+
 int attnx_get_num_threads(void);
 void attnx_set_num_threads(int n);                 /* n <= 0: the default */
 

@@ -83,6 +83,12 @@ const char *attnx_isa_name(void) { return attnx_active_kernels()->name; }
 
 int attnx_isa_available(const char *name) { return table_for(name) != NULL; }
 
+static const char *const isa_names[] = {"scalar", "avx2", "avx512", "neon"};
+
+int attnx_isa_count(void) { return (int)(sizeof isa_names / sizeof *isa_names); }
+
+const char *attnx_isa_name_at(int i) { return i >= 0 && i < attnx_isa_count() ? isa_names[i] : NULL; }
+
 attnx_status attnx_set_isa(const char *name)
 {
     const attnx_kernels *t = table_for(name);

@@ -255,14 +255,26 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* Every instruction set the core knows, in order, as a tuple of str. */
+static PyObject *isa_names(void)
+{
+    PyObject *t = PyTuple_New(attnx_isa_count());
+    for (int i = 0; t && i < attnx_isa_count(); i++) {
+        PyObject *s = PyUnicode_FromString(attnx_isa_name_at(i));
+        if (!s) { Py_CLEAR(t); break; }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
 static PyObject *py_available_isas(PyObject *self, PyObject *noargs)
 {
-    static const char *names[] = {"scalar", "avx2", "avx512", "neon"};
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        if (!attnx_isa_available(names[i])) continue;
-        PyObject *s = PyUnicode_FromString(names[i]);
+    for (int i = 0; i < attnx_isa_count(); i++) {
+        const char *name = attnx_isa_name_at(i);
+        if (!attnx_isa_available(name)) continue;
+        PyObject *s = PyUnicode_FromString(name);
         if (!s || PyList_Append(list, s) < 0) { Py_XDECREF(s); Py_DECREF(list); return NULL; }
         Py_DECREF(s);
     }
@@ -310,7 +322,9 @@ PyMODINIT_FUNC PyInit__attnx(void)
     /* exp(x) is exactly 0 below this (kernels.h): a weight exp(s - max) of a
      * score further than this below its row's maximum is 0 (attnx.reference
      * flushes the same weights) */
-    if (PyModule_AddObject(m, "EXP_FLUSH_BELOW", PyFloat_FromDouble(ATTNX_EXP_LO)) < 0) {
+    if (PyModule_AddObject(m, "EXP_FLUSH_BELOW", PyFloat_FromDouble(ATTNX_EXP_LO)) < 0 ||
+        PyModule_AddObject(m, "ISA_NAMES", isa_names()) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_THREADS", ATTNX_MAX_THREADS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -31,7 +31,7 @@
 #include "attnx.h"
 #include "threads.h"
 
-#define MAX_THREADS 256
+#define MAX_THREADS ATTNX_MAX_THREADS
 
 static struct {
     pthread_mutex_t mu;

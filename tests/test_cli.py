@@ -1,13 +1,14 @@
 """The command line, each command in a subprocess: ``python -m attnx [info|demo|bench]``.
 
 Mistakes print one ``error:`` line and exit 2, never a traceback; ignored
-environment settings are reported as a ``warning:`` line. The benchmark is
-run through a hidden ``--smoke`` option: one tiny row through its own
-machinery (the real runs take minutes and belong to ``python -m attnx bench``).
+environment settings are reported as a ``warning:`` line. The benchmark's
+machinery is run in-process on one tiny row (``attnx._bench.smoke``): the real
+runs take minutes and belong to ``python -m attnx bench``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -18,7 +19,8 @@ import numpy as np
 import pytest
 
 import attnx
-from attnx.__main__ import SENTENCE, demo_inputs
+from attnx import _bench
+from attnx._cli import SENTENCE, demo_inputs
 
 
 def run(*args, env=None, timeout=120):
@@ -118,7 +120,6 @@ def test_help(args):
     if args[0] == "bench":
         for opt in ("--quick", "--json", "--threads", "--repeats"):
             assert opt in res.stdout
-        assert "--smoke" not in res.stdout                 # for the tests only
     if args == ["--help"]:
         assert all(c in res.stdout for c in ("info", "demo", "bench", "ATTNX_ISA"))
 
@@ -143,20 +144,26 @@ def test_user_mistakes_are_one_line(args, fragments):
     assert line.startswith("python -m attnx")
 
 
-def test_bench_smoke_row_json():
-    res = run("bench", "--smoke", "--json", "--threads", "1", timeout=180)
-    assert res.returncode == 0, res.stderr
-    (line,) = res.stdout.strip().splitlines()
+def smoke(capsys, **kw):
+    args = argparse.Namespace(**{"quick": True, "json": False, "threads": 0, "repeats": 1, **kw})
+    try:
+        _bench.smoke(args)
+    finally:
+        attnx.set_num_threads(0)
+    return capsys.readouterr().out
+
+
+def test_bench_smoke_row_json(capsys):
+    out = smoke(capsys, json=True, threads=1)
+    (line,) = out.strip().splitlines()
     row = json.loads(line)
     assert row["case"].startswith("smoke") and row["threads"] == 1
     assert row["attnx_s"] > 0 and row["attnx_gflops"] > 0
     assert row["numpy_s"] > 0 and row["vs_numpy"] > 0
 
 
-def test_bench_smoke_table():
-    res = run("bench", "--smoke", timeout=180)
-    assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
+def test_bench_smoke_table(capsys):
+    lines = smoke(capsys).splitlines()
     assert lines[0].startswith(f"attnx {attnx.__version__}, ISA ")
     assert lines[2].split()[:4] == ["case", "attnx", "torch", "numpy"]
     assert lines[3].startswith("smoke ") and len(lines) == 4
