@@ -37,8 +37,8 @@ except ImportError:
         name="attnx._attnx", path=_here,
     ) from None
 from ._functional import scaled_dot_product_attention
-from ._grad import (AttentionGrads, merge_attention, scaled_dot_product_attention_backward,
-                    scaled_dot_product_attention_vjp)
+from ._grad import (AttentionGrads, merge_attention, reference_backward,
+                    scaled_dot_product_attention_backward, scaled_dot_product_attention_vjp)
 from ._masks import causal_mask, padding_mask
 from ._mha import MultiHeadAttention
 from ._plot import plot_attention
@@ -52,6 +52,7 @@ __all__ = [
     "scaled_dot_product_attention_backward",
     "AttentionGrads",
     "merge_attention",
+    "reference_backward",
     "MultiHeadAttention",
     "causal_mask",
     "padding_mask",

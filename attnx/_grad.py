@@ -16,11 +16,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
+from ._reference import reference_attention_backward
 from ._functional import (ArrayInput, Causal, Layout, _as_float, _asarray, _fold_calls, _prepare,
                           _Prepared, _shape, scaled_dot_product_attention)
 
 __all__ = ["AttentionGrads", "scaled_dot_product_attention_vjp",
-           "scaled_dot_product_attention_backward", "merge_attention"]
+           "scaled_dot_product_attention_backward", "merge_attention", "reference_backward"]
 
 F32 = NDArray[np.float32]
 
@@ -28,16 +29,16 @@ F32 = NDArray[np.float32]
 class AttentionGrads(NamedTuple):
     """Gradients of attention's inputs, each shaped (and laid out) like the input as passed.
 
-    query, key, value: float32. attn_mask: the gradient of a float mask,
+    query, key, value: float32 (float64 from attnx.reference_backward). attn_mask: the gradient of a float mask,
     summed over the axes along which it was broadcast (shaped like the mask as
     passed); None for a bool mask or no mask. sinks: None (no sinks were given).
     """
 
-    query: F32
-    key: F32
-    value: F32
-    attn_mask: Optional[F32] = None
-    sinks: Optional[F32] = None
+    query: NDArray[Any]
+    key: NDArray[Any]
+    value: NDArray[Any]
+    attn_mask: Optional[NDArray[Any]] = None
+    sinks: Optional[NDArray[Any]] = None
 
 
 def _core_view(a: NDArray[Any], p: _Prepared) -> NDArray[Any]:
@@ -81,7 +82,7 @@ def _lse_view(x: object, p: _Prepared) -> NDArray[np.float32]:
     return a[..., None]
 
 
-def _mask_grad(dmask: NDArray[np.float32], mask: object) -> F32:
+def _mask_grad(dmask: NDArray[Any], mask: object) -> NDArray[Any]:
     """The full (batch..., Hq, Lq, Lk) gradient summed to the shape of the mask as passed."""
     shape = np.shape(_asarray(mask, "attn_mask"))
     lead = dmask.ndim - len(shape)
@@ -89,7 +90,7 @@ def _mask_grad(dmask: NDArray[np.float32], mask: object) -> F32:
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
     if axes:
         g = g.sum(axis=axes, keepdims=True)
-    return np.ascontiguousarray(g.reshape(shape), dtype=np.float32)
+    return np.ascontiguousarray(g.reshape(shape), dtype=dmask.dtype)
 
 
 def scaled_dot_product_attention_backward(
@@ -172,6 +173,43 @@ def scaled_dot_product_attention_vjp(
         return scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **kw)
 
     return out, vjp
+
+
+def reference_backward(
+        dout: ArrayInput, query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None) -> AttentionGrads:
+    """The gradients of :func:`attnx.reference` in float64 NumPy: the oracle of the tests.
+
+    Same arguments as :func:`attnx.scaled_dot_product_attention_vjp`, plus the
+    upstream gradient ``dout`` first (shaped like the output); returns
+    :class:`attnx.AttentionGrads` of float64 arrays shaped like the inputs as
+    passed. Slow and memory-hungry: it builds every score.
+    """
+    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 layout, key_lengths, query_lengths, np.float64)
+    B = int(np.prod(p.batch_shape, dtype=np.int64))
+    q, k, v, mask = p.folded()
+    do = _core_view(np.asarray(_asarray(dout, "dout"), dtype=np.float64), p)
+    Hq, Lq = q.shape[1:3]
+    if do.shape != p.batch_shape + (Hq, Lq, v.shape[-1]):
+        raise ValueError(f"dout must have the shape of the attention output; got {_shape(do)}")
+    causal: Causal = (False, True, "lower_right")[p.causal]
+    dq, dk, dv, ds = reference_attention_backward(do.reshape((B,) + do.shape[-3:]), q, k, v, mask,
+                                                  causal, p.scale, p.key_lengths, p.query_lengths)
+
+    def back(a: NDArray[np.float64], like: NDArray[Any]) -> NDArray[np.float64]:
+        core = a.reshape(p.batch_shape + a.shape[1:])
+        out = np.empty(_caller_shape(core.shape, p))
+        _core_view(out, p)[...] = core
+        return out
+
+    gm = None
+    if mask is not None and mask.dtype != np.bool_:
+        gm = _mask_grad(ds.reshape(p.batch_shape + ds.shape[1:]), attn_mask).astype(np.float64)
+    return AttentionGrads(back(dq, p.q), back(dk, p.k), back(dv, p.v), gm)
 
 
 def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,

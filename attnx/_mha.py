@@ -409,7 +409,7 @@ class MultiHeadAttention:
         res = scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
             key_lengths=key_lengths, query_lengths=query_lengths, need_weights=need_weights)
-        z, w = res if isinstance(res, tuple) else (res, None)
+        z, w = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
 
         # (B, Lq, H, D) -> (B, Lq, H*D) @ (H*D, d_model) -> (B, Lq, d_model)
         out = z.reshape(B, Lq, H * D) @ self.W_o
