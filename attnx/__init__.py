@@ -124,3 +124,12 @@ def set_num_threads(n: int) -> None:
     if count > 1 << 20:
         raise ValueError(f"n must be at most {1 << 20} threads (n <= 0 restores the default); got {count}")
     _attnx.set_num_threads(max(count, 0))
+
+
+def __getattr__(name: str) -> object:
+    """``attnx.torch`` imports on first use (it imports torch; ``import attnx`` does not)."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'attnx' has no attribute {name!r}")

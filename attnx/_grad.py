@@ -130,6 +130,9 @@ def scaled_dot_product_attention_backward(
     for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm), (kl, ql) in _fold_calls(
             p.batch_shape, [p.q, p.k, p.v, p.mask, o, do, lse4, *views, dmask],
             [p.key_lengths, p.query_lengths]):
+        assert (q is not None and k is not None and v is not None and o4 is not None
+                and do4 is not None and l4 is not None and dq is not None and dk is not None
+                and dv is not None)
         _attnx.backward(q, k, v, o4, do4, l4, dq, dk, dv, dm, m, kl, ql, p.causal, p.scale)
     gm = _mask_grad(dmask, attn_mask) if dmask is not None else None
     return AttentionGrads(grads[0], grads[1], grads[2], gm)
