@@ -37,6 +37,8 @@ except ImportError:
         name="attnx._attnx", path=_here,
     ) from None
 from ._functional import scaled_dot_product_attention
+from ._grad import (AttentionGrads, merge_attention, reference_backward,
+                    scaled_dot_product_attention_backward, scaled_dot_product_attention_vjp)
 from ._masks import causal_mask, padding_mask
 from ._mha import MultiHeadAttention
 from ._plot import plot_attention
@@ -46,6 +48,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
+    "scaled_dot_product_attention_backward",
+    "AttentionGrads",
+    "merge_attention",
+    "reference_backward",
     "MultiHeadAttention",
     "causal_mask",
     "padding_mask",
@@ -117,3 +124,12 @@ def set_num_threads(n: int) -> None:
     if count > 1 << 20:
         raise ValueError(f"n must be at most {1 << 20} threads (n <= 0 restores the default); got {count}")
     _attnx.set_num_threads(max(count, 0))
+
+
+def __getattr__(name: str) -> object:
+    """``attnx.torch`` imports on first use (it imports torch; ``import attnx`` does not)."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'attnx' has no attribute {name!r}")

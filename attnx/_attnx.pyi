@@ -20,9 +20,11 @@ def forward(
     query_lengths: NDArray[np.int64] | None,
     causal: int,
     scale: float,
+    lse: NDArray[np.float32] | None = None,
     /,
 ) -> None:
-    """Private: attention on 4-D float32 views, written into ``out`` (and ``weights``).
+    """Private: attention on 4-D float32 views, written into ``out`` (and ``weights``,
+    and ``lse`` (B, Hq, Lq, 1)).
 
     q (B, Hq, Lq, E), k (B, Hk, Lk, E), v (B, Hk, Lk, Ev): any strides with a
     unit last stride; out (B, Hq, Lq, Ev) writeable; weights None or
@@ -48,3 +50,23 @@ def set_num_threads(n: int, /) -> None:
 EXP_FLUSH_BELOW: float
 ISA_NAMES: tuple[str, ...]
 MAX_THREADS: int
+
+def backward(
+    q: NDArray[np.float32],
+    k: NDArray[np.float32],
+    v: NDArray[np.float32],
+    out: NDArray[np.float32],
+    dout: NDArray[np.float32],
+    lse: NDArray[np.float32],
+    dq: NDArray[np.float32],
+    dk: NDArray[np.float32],
+    dv: NDArray[np.float32],
+    dmask: NDArray[np.float32] | None,
+    mask: NDArray[np.bool_] | NDArray[np.float32] | NDArray[Any] | None,
+    key_lengths: NDArray[np.int64] | None,
+    query_lengths: NDArray[np.int64] | None,
+    causal: int,
+    scale: float,
+    /,
+) -> None:
+    """Private: gradients of ``forward`` written into dq, dk, dv (and dmask, zeroed by the caller)."""

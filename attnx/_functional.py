@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterator, Literal, NamedTuple, Optional, Protocol, Tuple, Union, overload
+from typing import Any, Iterator, List, Literal, NamedTuple, Optional, Protocol, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -255,6 +255,7 @@ class _CoreCall(NamedTuple):
     query_lengths: Optional[NDArray[np.int64]]
     out: NDArray[Any]
     weights: Optional[NDArray[Any]]
+    lse: Optional[NDArray[Any]]
 
 
 def _fold_batch(a: NDArray[Any], nb: int) -> Optional[NDArray[Any]]:
@@ -273,32 +274,37 @@ def _fold_batch(a: NDArray[Any], nb: int) -> Optional[NDArray[Any]]:
                                            writeable=a.flags.writeable)
 
 
-def _core_calls(p: _Prepared, out: NDArray[Any],
-                weights: Optional[NDArray[Any]]) -> Iterator[_CoreCall]:
-    """The core calls that compute ``p`` into ``out`` (batch..., Hq, Lq, Ev) and
-    ``weights`` (batch..., Hq, Lq, Lk): one call with the batch axes folded,
-    or, where folding an input would copy it (a broadcast or strided batch
-    axis), one per index of the first batch axis, recursively. Nothing is
-    ever expanded or copied."""
-    nb = len(p.batch_shape)
-    arrays = (p.q, p.k, p.v, p.mask, out, weights)
+Arrays = List[Optional[NDArray[Any]]]
+
+
+def _fold_calls(batch_shape: Tuple[int, ...], arrays: Arrays,
+                lengths: Arrays) -> Iterator[Tuple[Arrays, Arrays]]:
+    """Views for the core calls over ``arrays`` (each (batch..., rest) or None)
+    and ``lengths`` (each (B, H) with B = prod(batch), or None): one call with
+    the batch axes folded into one, or, where folding an array would copy it
+    (a broadcast or strided batch axis), one per index of the first batch
+    axis, recursively. Nothing is ever expanded or copied."""
+    nb = len(batch_shape)
     folded = [None if a is None else _fold_batch(a, nb) for a in arrays]
     if all(f is not None for f, a in zip(folded, arrays) if a is not None):
-        q, k, v, m, o, w = folded
-        assert q is not None and k is not None and v is not None and o is not None
-        yield _CoreCall(q, k, v, m, p.key_lengths, p.query_lengths, o, w)
+        yield folded, lengths
         return
-    n0 = p.batch_shape[0]
-
-    def rows(a: Optional[NDArray[np.int64]], i: int) -> Optional[NDArray[np.int64]]:
-        return None if a is None else a.reshape((n0, -1) + a.shape[1:])[i]
-
+    n0 = batch_shape[0]
     for i in range(n0):
-        sub = p._replace(q=p.q[i], k=p.k[i], v=p.v[i],
-                         mask=None if p.mask is None else p.mask[i],
-                         key_lengths=rows(p.key_lengths, i), query_lengths=rows(p.query_lengths, i),
-                         batch_shape=p.batch_shape[1:])
-        yield from _core_calls(sub, out[i], None if weights is None else weights[i])
+        yield from _fold_calls(
+            batch_shape[1:], [None if a is None else a[i] for a in arrays],
+            [None if a is None else a.reshape((n0, -1) + a.shape[1:])[i] for a in lengths])
+
+
+def _core_calls(p: _Prepared, out: NDArray[Any], weights: Optional[NDArray[Any]],
+                lse: Optional[NDArray[Any]] = None) -> Iterator[_CoreCall]:
+    """The forward's core calls into ``out`` (batch..., Hq, Lq, Ev), ``weights``
+    (batch..., Hq, Lq, Lk) and ``lse`` (batch..., Hq, Lq, 1): see _fold_calls."""
+    for (q, k, v, m, o, w, l4), (kl, ql) in _fold_calls(
+            p.batch_shape, [p.q, p.k, p.v, p.mask, out, weights, lse],
+            [p.key_lengths, p.query_lengths]):
+        assert q is not None and k is not None and v is not None and o is not None
+        yield _CoreCall(q, k, v, m, kl, ql, o, w, l4)
 
 
 def _prepare(query: object, key: object, value: object, attn_mask: object, dropout_p: object,
@@ -420,7 +426,7 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
-        need_weights: Literal[False] = False) -> NDArray[np.float32]: ...
+        need_weights: Literal[False] = False, return_lse: Literal[False] = False) -> NDArray[np.float32]: ...
 
 
 @overload
@@ -430,7 +436,7 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
-        need_weights: Literal[True]) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
+        need_weights: Literal[True], return_lse: Literal[False] = False) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
 
 
 @overload
@@ -439,8 +445,29 @@ def scaled_dot_product_attention(
         attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None, need_weights: bool = False,
-) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]: ...
+        query_lengths: Optional[ArrayInput] = None,
+        need_weights: Literal[False] = False, return_lse: Literal[True]) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
+
+
+@overload
+def scaled_dot_product_attention(
+        query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None,
+        need_weights: Literal[True], return_lse: Literal[True]) -> Tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]: ...
+
+
+@overload
+def scaled_dot_product_attention(
+        query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None,
+        need_weights: bool = False, return_lse: bool = False,
+) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]], Tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]]: ...
 
 
 def scaled_dot_product_attention(
@@ -448,8 +475,9 @@ def scaled_dot_product_attention(
         attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None, need_weights: bool = False,
-) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]:
+        query_lengths: Optional[ArrayInput] = None,
+        need_weights: bool = False, return_lse: bool = False,
+) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]], Tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]]:
     """Masked multi-head scaled dot-product attention, ``softmax(Q Kᵀ · scale + mask) V``.
 
     Names and argument order follow ``torch.nn.functional.scaled_dot_product_attention``,
@@ -486,11 +514,18 @@ def scaled_dot_product_attention(
         is the padding mask without building it.
     need_weights : bool
         Also return the attention weights, (B..., Hq, Lq, Lk), float32.
+    return_lse : bool
+        Also return ``lse``, (B..., Hq, Lq) float32 (whatever the layout): the
+        natural log of each row's softmax denominator, ``log sum_j exp(s_ij)``
+        over the row's allowed scaled, masked scores; ``-inf`` for a row with
+        no allowed key (and rows past ``query_lengths``). What the backward
+        pass and :func:`attnx.merge_attention` take.
 
     Returns
     -------
     out : ndarray, float32, (B..., Hq, Lq, Ev)   (``"blhd"``: (B..., Lq, Hq, Ev))
     weights : ndarray, float32, (B..., Hq, Lq, Lk); only when ``need_weights``.
+    lse : ndarray, float32, (B..., Hq, Lq); only when ``return_lse`` (last).
 
     A row with no allowed key gives zeros (output and weights), never NaN;
     NaN and inf in the inputs propagate. The inputs are never modified.
@@ -531,18 +566,24 @@ def scaled_dot_product_attention(
     True
     """
     need_weights = _check_flag(need_weights, "need_weights")
-    if (attn_mask is None and key_lengths is None and query_lengths is None
-            and need_weights is False and layout == "bhld" and enable_gqa is False):
+    return_lse = _check_flag(return_lse, "return_lse")
+    if (attn_mask is None and key_lengths is None and query_lengths is None and need_weights is False
+            and return_lse is False and layout == "bhld" and enable_gqa is False):
         out_fast = _fast_path(query, key, value, dropout_p, is_causal, scale)
         if out_fast is not None:
             return out_fast
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  layout, key_lengths, query_lengths, np.float32)
     out, out_v, weights = _allocate(p, need_weights, np.float32)
-    for c in _core_calls(p, out_v, weights):
+    lse = np.empty(p.batch_shape + p.q.shape[-3:-1], np.float32) if return_lse else None
+    for c in _core_calls(p, out_v, weights, None if lse is None else lse[..., None]):
         _attnx.forward(c.q, c.k, c.v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
-                       p.causal, p.scale)
-    return _finish(p, out, weights, need_weights)
+                       p.causal, p.scale, c.lse)
+    result = _finish(p, out, weights, need_weights)
+    if lse is None:
+        return result
+    lse_out = lse[0] if p.ndim == 2 else lse
+    return (*result, lse_out) if isinstance(result, tuple) else (result, lse_out)
 
 
 def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: object,

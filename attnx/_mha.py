@@ -17,12 +17,14 @@ from __future__ import annotations
 import importlib
 import operator
 import warnings
-from typing import Any, Literal, Optional, SupportsIndex, Tuple, TypeVar, Union, overload
+from typing import (Any, Callable, Dict, Literal, Optional, SupportsIndex, Tuple, TypeVar, Union,
+                    overload)
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._functional import ArrayInput, Causal, _asarray, _check_flag, scaled_dot_product_attention
+from ._grad import scaled_dot_product_attention_vjp
 
 __all__ = ["MultiHeadAttention"]
 
@@ -341,6 +343,30 @@ class MultiHeadAttention:
         """
         need_weights = _check_flag(need_weights, "need_weights")
         average_weights = _check_flag(average_weights, "average_weights")
+        q_in, k_in, v_in, attn_mask, unbatched = self._inputs(query, key, value, attn_mask)
+        B, Lq, Lk = q_in.shape[0], q_in.shape[1], k_in.shape[1]
+        H, D = self.num_heads, self.d_head
+        q, k, v = self._project(q_in, k_in, v_in)
+
+        res = scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
+            key_lengths=key_lengths, query_lengths=query_lengths, need_weights=need_weights)
+        z, w = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
+        out = self._output(z)
+        if unbatched:
+            out = out[0]
+        if w is None:
+            return out
+        if average_weights:  # (B, H, Lq, Lk) -> (B, Lq, Lk), summed in float64
+            w = w.mean(axis=1, dtype=np.float64).astype(np.float32)
+        if unbatched:
+            w = w[0]
+        return out, w
+
+    def _inputs(self, query: object, key: object, value: object, attn_mask: object) -> Tuple[
+            NDArray[np.float32], NDArray[np.float32], NDArray[np.float32], Any, bool]:
+        """The inputs as float32 (B, L, features) arrays (key defaults to query,
+        value to key), the mask, and whether they came unbatched."""
         self._check_parameters()
         q_in = _as_input(query, "query")
         if key is None:
@@ -388,11 +414,13 @@ class MultiHeadAttention:
                                  f"{(q_in.shape[0], self.num_heads, q_in.shape[1], k_in.shape[1])}"
                                  f"{' (unbatched: (H, Lq, Lk))' if unbatched else ''}")
             attn_mask = m
+        return q_in, k_in, v_in, attn_mask, unbatched
 
+    def _project(self, q_in: NDArray[np.float32], k_in: NDArray[np.float32],
+                 v_in: NDArray[np.float32]) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+        """(B, L, features) @ (features, H*D) + b -> (B, L, H*D) -> views (B, L, H, D)."""
         B, Lq, Lk = q_in.shape[0], q_in.shape[1], k_in.shape[1]
         H, D = self.num_heads, self.d_head
-
-        # (B, L, features) @ (features, H*D) -> (B, L, H*D) -> view (B, L, H, D)
         q = q_in @ self.W_q
         k = k_in @ self.W_k
         v = v_in @ self.W_v
@@ -402,29 +430,94 @@ class MultiHeadAttention:
             k += self.b_k
         if self.b_v is not None:
             v += self.b_v
-        q = q.reshape(B, Lq, H, D)
-        k = k.reshape(B, Lk, H, D)
-        v = v.reshape(B, Lk, H, D)
+        return q.reshape(B, Lq, H, D), k.reshape(B, Lk, H, D), v.reshape(B, Lk, H, D)
 
-        res = scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
-            key_lengths=key_lengths, query_lengths=query_lengths, need_weights=need_weights)
-        z, w = res if isinstance(res, tuple) else (res, None)
-
-        # (B, Lq, H, D) -> (B, Lq, H*D) @ (H*D, d_model) -> (B, Lq, d_model)
-        out = z.reshape(B, Lq, H * D) @ self.W_o
+    def _output(self, z: NDArray[Any]) -> NDArray[np.float32]:
+        """(B, Lq, H, D) -> (B, Lq, H*D) @ (H*D, d_model) + b_o -> (B, Lq, d_model)."""
+        out = z.reshape(z.shape[0], z.shape[1], -1) @ self.W_o
         if self.b_o is not None:
             out += self.b_o
-        out = out.astype(np.float32, copy=False)
-        if unbatched:
-            out = out[0]
-        if w is None:
-            return out
-        if average_weights:  # (B, H, Lq, Lk) -> (B, Lq, Lk), summed in float64
-            w = w.mean(axis=1, dtype=np.float64).astype(np.float32)
-        if unbatched:
-            w = w[0]
-        return out, w
+        return out.astype(np.float32, copy=False)
+
+    # -------------------------------------------------------------- gradients
+
+    def parameters(self) -> Dict[str, NDArray[np.float32]]:
+        """The layer's arrays by name (W_q, W_k, W_v, W_o, and b_q, b_k, b_v, b_o
+        when it has biases): the live arrays, so an optimiser updates them in place
+        (``p -= lr * grads[name]``)."""
+        names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def vjp(self, query: ArrayInput, key: Optional[ArrayInput] = None,
+            value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
+            is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
+            query_lengths: Optional[ArrayInput] = None,
+            ) -> Tuple[NDArray[np.float32], Callable[[ArrayInput], Dict[str, NDArray[np.float32]]]]:
+        """The layer's output and a function of its cotangent, for training.
+
+        Same arguments as calling the layer (without the weights). Returns
+        ``(out, vjp)``; ``vjp(dout)``, ``dout`` shaped like ``out``, returns a
+        dict of float32 gradients: ``"query"`` (and ``"key"``, ``"value"`` when
+        they were passed; an input that defaulted to another adds into that
+        one's gradient) and one entry per array of :meth:`parameters`, under
+        the same names. The attention's backward is attnx's fused kernel; the
+        projections' are NumPy matmuls.
+
+        Example
+        -------
+        >>> import numpy as np, attnx
+        >>> mha = attnx.MultiHeadAttention(16, 2, seed=0)
+        >>> x = np.random.default_rng(0).standard_normal((3, 5, 16), dtype=np.float32)
+        >>> out, vjp = mha.vjp(x, is_causal=True)
+        >>> grads = vjp(np.ones_like(out))
+        >>> sorted(grads) == sorted(["query", *mha.parameters()])
+        True
+        >>> for name, p in mha.parameters().items():    # one step of gradient descent
+        ...     p -= 0.01 * grads[name]
+        """
+        q_in, k_in, v_in, mask, unbatched = self._inputs(query, key, value, attn_mask)
+        q, k, v = self._project(q_in, k_in, v_in)
+        z, attn_vjp = scaled_dot_product_attention_vjp(
+            q, k, v, attn_mask=mask, is_causal=is_causal, layout="blhd",
+            key_lengths=key_lengths, query_lengths=query_lengths)
+        out = self._output(z)
+        B, Lq = z.shape[0], z.shape[1]
+        zf = z.reshape(B * Lq, -1)                                   # (B*Lq, H*D)
+
+        def vjp(dout: ArrayInput) -> Dict[str, NDArray[np.float32]]:
+            do = _as_input(dout, "dout")
+            do = do[None] if unbatched else do
+            if do.shape != (B, Lq, self.d_model):
+                raise ValueError(f"dout must have the output's shape {out.shape[unbatched:]}; "
+                                 f"got {_shape(do)}")
+            g: Dict[str, NDArray[np.float32]] = {}
+            do2 = do.reshape(B * Lq, -1)                             # (B*Lq, d_model)
+            g["W_o"] = zf.T @ do2
+            if self.b_o is not None:
+                g["b_o"] = do2.sum(axis=0)
+            ga = attn_vjp((do2 @ self.W_o.T).reshape(z.shape))      # grads of q, k, v (B, L, H, D)
+            dx = {}
+            for n, x, gp in (("q", q_in, ga.query), ("k", k_in, ga.key), ("v", v_in, ga.value)):
+                gp2 = gp.reshape(-1, gp.shape[2] * gp.shape[3])      # (B*L, H*D)
+                x2 = x.reshape(-1, x.shape[-1])
+                g["W_" + n] = x2.T @ gp2
+                if getattr(self, "b_" + n) is not None:
+                    g["b_" + n] = gp2.sum(axis=0)
+                dx[n] = (gp2 @ getattr(self, "W_" + n).T).reshape(x.shape)
+            if key is None:          # key and value defaulted to query
+                g["query"] = dx["q"] + dx["k"] + dx["v"]
+            else:
+                g["query"] = dx["q"]
+                if value is None:    # value defaulted to key
+                    g["key"] = dx["k"] + dx["v"]
+                else:
+                    g["key"], g["value"] = dx["k"], dx["v"]
+            for n in ("query", "key", "value"):
+                if n in g and unbatched:
+                    g[n] = g[n][0]
+            return {n: a.astype(np.float32, copy=False) for n, a in g.items()}
+
+        return (out[0] if unbatched else out), vjp
 
     # -------------------------------------------------------------------- torch
 

@@ -204,3 +204,45 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     if weights is not None:
         weights[...] = w.reshape(weights.shape)
     return _finish(p, out, weights, need_weights)
+
+
+def reference_attention_backward(dout: ArrayInput, q: ArrayInput, k: ArrayInput, v: ArrayInput,
+                                 attn_mask: Optional[ArrayInput] = None, is_causal: Causal = False,
+                                 scale: Optional[float] = None,
+                                 key_lengths: Optional[ArrayLike] = None,
+                                 query_lengths: Optional[ArrayLike] = None,
+                                 ) -> Tuple[NDArray[np.float64], NDArray[np.float64],
+                                            NDArray[np.float64], NDArray[np.float64]]:
+    """Float64 gradients of :func:`reference_attention` for an upstream gradient
+    ``dout`` (B, Hq, Lq, Ev), on the same already-normalised 4-D arrays.
+
+    With P the weights and O the output of the forward:
+    dV = Pᵀ dO (summed over each GQA group), dP = dO Vᵀ, D = rowsum(dO ∘ O),
+    dS = P ∘ (dP − D) (exactly 0 where P is 0), dQ = scale · dS K,
+    dK = scale · dSᵀ Q (summed over each group), d(scores) = dS.
+
+    Returns (dq (B, Hq, Lq, E), dk (B, Hk, Lk, E), dv (B, Hk, Lk, Ev),
+    dscores (B, Hq, Lq, Lk)), float64: dscores is the gradient of a float mask
+    before any reduction over its broadcast axes.
+    """
+    qq = np.asarray(_asarray(q, "q"), dtype=np.float64)
+    kk = np.asarray(_asarray(k, "k"), dtype=np.float64)
+    vv = np.asarray(_asarray(v, "v"), dtype=np.float64)
+    do = np.asarray(_asarray(dout, "dout"), dtype=np.float64)
+    B, Hq, Lq, E = qq.shape
+    Hk = kk.shape[1]
+    group = Hq // Hk if Hk else 1
+    if scale is None:
+        scale = 1.0 / float(np.sqrt(E)) if E > 0 else 1.0
+    out, p = reference_attention(qq, kk, vv, attn_mask, is_causal, scale, key_lengths, query_lengths)
+    kr, vr = np.repeat(kk, group, axis=1), np.repeat(vv, group, axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dv = np.matmul(np.swapaxes(p, -1, -2), do)
+        dp = np.matmul(do, np.swapaxes(vr, -1, -2))
+        d = np.sum(do * out, axis=-1, keepdims=True)
+        ds = np.where(p == 0, 0.0, p * (dp - d))
+        dq = scale * np.matmul(ds, kr)
+        dk = scale * np.matmul(np.swapaxes(ds, -1, -2), qq)
+    dk = dk.reshape((B, Hk, group) + dk.shape[2:]).sum(axis=2)
+    dv = dv.reshape((B, Hk, group) + dv.shape[2:]).sum(axis=2)
+    return dq, dk, dv, ds

@@ -183,10 +183,23 @@ static void repair_row(const job *jb, int64_t b, int64_t h, int64_t i, float m, 
  * as it is (0: the weights were normalised already); zeros where nothing was
  * allowed (l = 0, and acc may hold 0 * inf = NaN then); rows with inf or NaN
  * recomputed by repair_row. out: (nq, Dv) rows out_sl apart. */
+/* log of the softmax sum with the max put back: lse = m' + log(l), -inf when
+ * nothing was allowed (l = 0), NaN for a NaN row. */
+static float row_lse(float m, float l)
+{
+    return l == 0.0f ? -INFINITY : (m == -INFINITY ? 0.0f : m) + logf(l);
+}
+
+static void write_lse(const attnx_problem *p, int64_t b, int64_t h, int64_t i, float value)
+{
+    if (p->lse) p->lse[b * p->lse_sb + h * p->lse_sh + i * p->lse_sl] = value;
+}
+
 static void write_rows(const job *jb, const scratch *s, int64_t b, int64_t h, int64_t i0, int nq,
                        float *out, int normalise)
 {
     const attnx_problem *p = jb->p;
+    for (int i = 0; i < nq; i++) write_lse(p, b, h, i0 + i, row_lse(s->m[i], s->l[i]));
     float *inv = s->alpha;          /* free once the last tile is done */
     for (int i = 0; i < nq; i++)
         inv[i] = s->l[i] == 0.0f ? 0.0f : normalise ? 1.0f / s->l[i] : 1.0f;
@@ -221,7 +234,10 @@ static void run_item(job *jb, scratch *s, int64_t item)
         }
     }
     if (split == 0)
-        for (int i = nq; i < rows; i++) memset(out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
+        for (int i = nq; i < rows; i++) {
+            memset(out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
+            write_lse(p, b, h, i0 + i, -INFINITY);
+        }
 
     /* split-K: this item's range of keys, and where its partial result goes */
     int64_t kbeg = 0, kstop = kend;
@@ -314,6 +330,7 @@ static void merge_partials(const job *jb)
             }
             const float inv = l == 0.0f ? 0.0f : 1.0f / l;
             for (int64_t d = 0; d < p->Dv; d++) o[d] *= inv;
+            write_lse(p, b, h, i0 + i, row_lse(M, l));
             repair_row(jb, b, h, i0 + i, M, l, o);
         }
     }
@@ -429,7 +446,8 @@ attnx_status attnx_forward(const attnx_problem *p)
 {
     attnx_status st = validate(p);
     if (st != ATTNX_OK) return st;
-    if (p->B == 0 || p->Hq == 0 || p->Lq == 0 || (p->Dv == 0 && !p->weights)) return ATTNX_OK;
+    if (p->B == 0 || p->Hq == 0 || p->Lq == 0 || (p->Dv == 0 && !p->weights && !p->lse))
+        return ATTNX_OK;
 
     job jb;
     jb.p = p;
@@ -508,4 +526,267 @@ const char *attnx_strerror(attnx_status status)
     case ATTNX_ERR_ISA: return "that instruction set is not available on this CPU or build";
     }
     return "unknown error";
+}
+
+/* ---- the backward pass ----------------------------------------------------
+ * FlashAttention-2's scheme on CPU tiles. With the forward's output O and the
+ * log of each row's softmax sum (lse), for an upstream gradient dO, tile by
+ * tile (the Lq×Lk matrix is never built):
+ *
+ *   P  = exp(S − lse)        S = scale·Q Kᵀ + masks, recomputed as the forward does
+ *   dV += Pᵀ dO              dP = dO Vᵀ          D = rowsum(dO ∘ O)
+ *   dS = P ∘ (dP − D)        (exactly 0 where P is 0)
+ *   dQ += scale · dS K       dK += scale · dSᵀ Q        d(mask) = dS
+ *
+ * Items are (batch, key/value head, range of keys). An item owns the dK and dV
+ * rows of its keys (the query heads of a GQA group are added in a fixed
+ * order) and the dQ rows of its heads; with several key ranges a head (few
+ * heads, many threads), each range writes its own dQ partial and the
+ * partials are summed afterwards in range order. No atomics: the same bits
+ * on every run with a given thread count. */
+
+typedef struct {
+    float *qt;    /* (D, BQ)   queries, pre-scaled, transposed */
+    float *dot;   /* (Dv, BQ)  upstream gradient rows, transposed */
+    float *st;    /* (BK, BQ)  scores, then P */
+    float *dpt;   /* (BK, BQ)  dP, then dS */
+    float *dqacc; /* (BQ, ldqa) */
+    float *lse;   /* (BQ) the block's lse; +inf in padding lanes (P = 0 there) */
+    float *dvec;  /* (BQ) D = rowsum(dO ∘ O) */
+    float *ones;  /* (BQ) */
+} bscratch;
+
+typedef struct {
+    job base;                    /* the forward's view: problem, kernels, scales, nqb */
+    const attnx_grad_problem *g;
+    int64_t group;               /* query heads per key/value head */
+    int64_t nsplit, kchunk, n_items, ldqa;
+    float *partial;              /* nsplit > 1: dQ per range, (nsplit, B, Hq, Lq, D) */
+    bscratch *scr;
+    atomic_llong next;
+} bjob;
+
+/* Pack nq rows of x (rows x_sl apart, n wide) transposed into xt (n, BQ), times scale. */
+static void pack_rows_t(const attnx_kernels *kt, const float *x, int64_t x_sl, int nq, int64_t n,
+                        float scale, float *xt)
+{
+    const int64_t reach = (x_sl < 0 ? -x_sl : x_sl) * BQ;
+    (reach < INT32_MAX ? kt : &attnx_kernels_scalar)->pack_qt(x, x_sl, nq, n, scale, xt, BQ);
+}
+
+/* One tile: keys j0 .. j0+nk-1 against the packed block of queries i0 .. i0+nq-1 of head (b, h). */
+static void bwd_tile(const bjob *bj, const bscratch *s, int64_t b, int64_t h, int64_t i0, int nq,
+                     int64_t j0, int nk)
+{
+    const job *jb = &bj->base;
+    const attnx_problem *p = jb->p;
+    const attnx_grad_problem *g = bj->g;
+    const attnx_kernels *kt = jb->kt;
+    const int64_t hk = h / bj->group;
+    const float *k = p->k.data + b * p->k.sb + hk * p->k.sh + j0 * p->k.sl;
+    const float *v = p->v.data + b * p->v.sb + hk * p->v.sh + j0 * p->v.sl;
+    const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i0 * p->q.sl;
+    const float *dout = g->dout.data + b * g->dout.sb + h * g->dout.sh + i0 * g->dout.sl;
+    const int64_t offset = p->causal == ATTNX_CAUSAL_LOWER_RIGHT ? p->Lk - p->Lq : 0;
+
+    kt->qk(s->qt, BQ, nq, k, p->k.sl, nk, p->D, s->st);                    /* S */
+    if (jb->post_scale != 1.0f)
+        for (int j = 0; j < nk; j++)
+            for (int i = 0; i < nq; i++) s->st[j * BQ + i] *= jb->post_scale;
+    apply_masks(jb, b, h, i0, nq, j0, nk, offset, s->st);
+    kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones);                  /* P */
+    kt->qk(s->dot, BQ, nq, v, p->v.sl, nk, p->Dv, s->dpt);                  /* dP */
+    kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv,                     /* dV += Pᵀ dO */
+            g->dv.data + b * g->dv.sb + hk * g->dv.sh + j0 * g->dv.sl, g->dv.sl);
+    kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec);                    /* dS */
+    kt->ptx(s->dpt, BQ, nq, q, p->q.sl, nk, p->D,                           /* dK += dSᵀ Q */
+            g->dk.data + b * g->dk.sb + hk * g->dk.sh + j0 * g->dk.sl, g->dk.sl);
+    kt->pv(s->dpt, BQ, nq, k, p->k.sl, nk, p->D, NULL, s->dqacc, bj->ldqa); /* dQ += dS K */
+    if (g->dmask) {
+        float *dm = g->dmask + ((b * p->Hq + h) * p->Lq + i0) * p->Lk + j0;
+        for (int i = 0; i < nq; i++)
+            for (int j = 0; j < nk; j++) dm[i * p->Lk + j] = s->dpt[j * BQ + i];
+    }
+}
+
+/* Queries i0 .. i0+rows-1 of head (b, h) against keys [kbeg, kstop): their
+ * contribution to dK and dV, and their dQ rows (scaled) written to dq. */
+static void bwd_block(const bjob *bj, const bscratch *s, int64_t b, int64_t h, int64_t i0,
+                      int64_t kbeg, int64_t kstop, float *dq, int64_t dq_sl)
+{
+    const job *jb = &bj->base;
+    const attnx_problem *p = jb->p;
+    const attnx_grad_problem *g = bj->g;
+    const head_bounds hb = bounds_of(p, b, h);
+    const int rows = (int)min64(BQ, p->Lq - i0);
+    const int nq = (int)max64(0, min64(rows, hb.qlen - i0));
+    const int64_t kend = min64(kstop, keys_end(p, &hb, i0, nq));
+    for (int i = 0; i < rows; i++) memset(dq + i * dq_sl, 0, sizeof(float) * (size_t)p->D);
+    if (nq == 0 || kbeg >= kend) return;
+
+    pack_rows_t(jb->kt, p->q.data + b * p->q.sb + h * p->q.sh + i0 * p->q.sl, p->q.sl, nq, p->D,
+                jb->pre_scale, s->qt);
+    const float *dout = g->dout.data + b * g->dout.sb + h * g->dout.sh + i0 * g->dout.sl;
+    const float *o = g->o.data + b * g->o.sb + h * g->o.sh + i0 * g->o.sl;
+    pack_rows_t(jb->kt, dout, g->dout.sl, nq, p->Dv, 1.0f, s->dot);
+    for (int i = 0; i < BQ; i++) {
+        float d = 0.0f;
+        if (i < nq)
+            for (int64_t e = 0; e < p->Dv; e++) d += dout[i * g->dout.sl + e] * o[i * g->o.sl + e];
+        s->dvec[i] = d;
+        s->lse[i] = i < nq ? g->lse[b * g->lse_sb + h * g->lse_sh + (i0 + i) * g->lse_sl] : INFINITY;
+    }
+    memset(s->dqacc, 0, sizeof(float) * (size_t)nq * (size_t)bj->ldqa);
+    for (int64_t j0 = kbeg; j0 < kend; j0 += BK)
+        bwd_tile(bj, s, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
+    for (int i = 0; i < nq; i++)
+        for (int64_t e = 0; e < p->D; e++) dq[i * dq_sl + e] = p->scale * s->dqacc[i * bj->ldqa + e];
+}
+
+// one item: the keys [kbeg, kstop) of key/value head (b, hk), against every query of its group
+static void bwd_item(bjob *bj, const bscratch *s, int64_t item)
+{
+    const attnx_problem *p = bj->base.p;
+    const attnx_grad_problem *g = bj->g;
+    const int64_t split = item % bj->nsplit, bhk = item / bj->nsplit;
+    const int64_t hk = bhk % p->Hk, b = bhk / p->Hk;
+    const int64_t kbeg = split * bj->kchunk, kstop = min64(p->Lk, kbeg + bj->kchunk);
+    float *dk = g->dk.data + b * g->dk.sb + hk * g->dk.sh;
+    float *dv = g->dv.data + b * g->dv.sb + hk * g->dv.sh;
+    for (int64_t j = kbeg; j < kstop; j++) {
+        memset(dk + j * g->dk.sl, 0, sizeof(float) * (size_t)p->D);
+        memset(dv + j * g->dv.sl, 0, sizeof(float) * (size_t)p->Dv);
+    }
+    for (int64_t h = hk * bj->group; h < (hk + 1) * bj->group; h++)
+        for (int64_t i0 = 0; i0 < p->Lq; i0 += BQ) {
+            if (bj->nsplit == 1)
+                bwd_block(bj, s, b, h, i0, kbeg, kstop,
+                          g->dq.data + b * g->dq.sb + h * g->dq.sh + i0 * g->dq.sl, g->dq.sl);
+            else
+                bwd_block(bj, s, b, h, i0, kbeg, kstop,
+                          bj->partial + (((split * p->B + b) * p->Hq + h) * p->Lq + i0) * p->D, p->D);
+        }
+    for (int64_t j = kbeg; j < kstop; j++)
+        for (int64_t e = 0; e < p->D; e++) dk[j * g->dk.sl + e] *= p->scale;
+}
+
+static void bwd_worker(void *arg, int tid)
+{
+    bjob *bj = arg;
+    for (;;) {
+        const int64_t item = atomic_fetch_add(&bj->next, 1);
+        if (item >= bj->n_items) break;
+        bwd_item(bj, &bj->scr[tid], item);
+    }
+}
+
+/* dQ from the per-range partials, summed in range order. */
+static void bwd_merge_dq(const bjob *bj)
+{
+    const attnx_problem *p = bj->base.p;
+    const attnx_grad_problem *g = bj->g;
+    const int64_t per = p->B * p->Hq * p->Lq * p->D;
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->Hq; h++)
+            for (int64_t i = 0; i < p->Lq; i++) {
+                float *dq = g->dq.data + b * g->dq.sb + h * g->dq.sh + i * g->dq.sl;
+                const float *src = bj->partial + ((b * p->Hq + h) * p->Lq + i) * p->D;
+                for (int64_t e = 0; e < p->D; e++) dq[e] = src[e];
+                for (int64_t sp = 1; sp < bj->nsplit; sp++)
+                    for (int64_t e = 0; e < p->D; e++) dq[e] += src[sp * per + e];
+            }
+}
+
+static attnx_status validate_grad(const attnx_grad_problem *g)
+{
+    if (!g) return ATTNX_ERR_NULL;
+    attnx_status st = validate(&g->f);
+    if (st != ATTNX_OK) return st;
+    const attnx_problem *p = &g->f;
+    const int rows = p->B > 0 && p->Hq > 0 && p->Lq > 0;
+    if (rows && ((p->Dv > 0 && (!g->o.data || !g->dout.data)) || !g->lse || (p->D > 0 && !g->dq.data)))
+        return ATTNX_ERR_NULL;
+    if (p->B > 0 && p->Hk > 0 && p->Lk > 0 && ((p->D > 0 && !g->dk.data) || (p->Dv > 0 && !g->dv.data)))
+        return ATTNX_ERR_NULL;
+    return ATTNX_OK;
+}
+
+static void bwd_plan(bjob *bj, int nt)
+{
+    const attnx_problem *p = bj->base.p;
+    const int64_t heads = p->B * p->Hk, tiles = (p->Lk + BK - 1) / BK;
+    bj->nsplit = 1;
+    bj->kchunk = tiles * BK;
+    if (nt > 1 && heads < 2 * (int64_t)nt && tiles > 1) {
+        int64_t want = (2 * (int64_t)nt + heads - 1) / heads;
+        if (want > tiles) want = tiles;
+        bj->kchunk = (tiles + want - 1) / want * BK;
+        bj->nsplit = (p->Lk + bj->kchunk - 1) / bj->kchunk;
+    }
+    if (bj->kchunk == 0) bj->kchunk = BK;
+    bj->n_items = heads * bj->nsplit;
+}
+
+attnx_status attnx_backward(const attnx_grad_problem *g)
+{
+    attnx_status st = validate_grad(g);
+    if (st != ATTNX_OK) return st;
+    const attnx_problem *p = &g->f;
+    if (p->B == 0 || p->Hk == 0) return ATTNX_OK;
+
+    bjob bj;
+    memset(&bj, 0, sizeof bj);
+    bj.base.p = p;
+    bj.base.kt = attnx_active_kernels();
+    bj.base.nqb = (p->Lq + BQ - 1) / BQ;
+    bj.base.pre_scale = fabsf(p->scale) > 1.0f ? 1.0f : p->scale;
+    bj.base.post_scale = fabsf(p->scale) > 1.0f ? p->scale : 1.0f;
+    bj.g = g;
+    bj.group = p->Hq / p->Hk;
+    bj.ldqa = (p->D + 15) & ~(int64_t)15;
+    atomic_init(&bj.next, 0);
+
+    int nt = p->num_threads > 0 ? p->num_threads : attnx_get_num_threads();
+    const double flops = 10.0 * (double)p->B * (double)p->Hq * (double)p->Lq * (double)p->Lk
+                         * (double)(p->D > 0 ? p->D : 1);
+    if (flops < 5e6) nt = 1;
+    bwd_plan(&bj, nt);
+    if (nt > bj.n_items) nt = (int)bj.n_items;
+    if (nt < 1) nt = 1;
+    if (bj.nsplit > 1) {
+        size_t n;
+        if (!mul_ok((size_t)bj.nsplit * (size_t)p->B * (size_t)p->Hq, (size_t)p->Lq * (size_t)p->D, &n))
+            return ATTNX_ERR_OVERFLOW;
+        if (!(bj.partial = alloc_floats(n))) return ATTNX_ERR_NOMEM;
+    }
+    /* per thread: qt (D, BQ) | dot (Dv, BQ) | st, dpt (BK, BQ) | dqacc (BQ, ldqa) | 3 × (BQ) */
+    size_t per;
+    if (!mul_ok((size_t)p->D + (size_t)p->Dv + 2 * BK + (size_t)bj.ldqa + 4, BQ, &per))
+        return free(bj.partial), ATTNX_ERR_OVERFLOW;
+    bj.scr = calloc((size_t)nt, sizeof(bscratch));
+    float **bufs = calloc((size_t)nt, sizeof(float *));
+    int ok = bj.scr && bufs;
+    for (int t = 0; ok && t < nt; t++) {
+        float *x = bufs[t] = alloc_floats(per);
+        if (!x) { ok = 0; break; }
+        bscratch *s = &bj.scr[t];
+        s->qt = x;
+        s->dot = s->qt + (size_t)p->D * BQ;
+        s->st = s->dot + (size_t)p->Dv * BQ;
+        s->dpt = s->st + (size_t)BK * BQ;
+        s->dqacc = s->dpt + (size_t)BK * BQ;
+        s->lse = s->dqacc + (size_t)bj.ldqa * BQ;
+        s->dvec = s->lse + BQ;
+        s->ones = s->dvec + BQ;
+        for (int i = 0; i < BQ; i++) s->ones[i] = 1.0f;
+    }
+    if (ok) {
+        attnx_parallel(nt, bwd_worker, &bj);
+        if (bj.nsplit > 1) bwd_merge_dq(&bj);
+    }
+    for (int t = 0; bufs && t < nt; t++) free(bufs[t]);
+    free(bufs);
+    free(bj.scr);
+    free(bj.partial);
+    return ok ? ATTNX_OK : ATTNX_ERR_NOMEM;
 }

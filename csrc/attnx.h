@@ -58,6 +58,8 @@ typedef struct {
     int64_t out_sb, out_sh, out_sl;
 
     float *weights;                  /* (B, Hq, Lq, Lk) C-contiguous, or NULL */
+    float *lse;                      /* (B, Hq, Lq) or NULL: log of each row's softmax sum */
+    int64_t lse_sb, lse_sh, lse_sl;
 
     int mask_kind;                   /* attnx_mask_kind; bool masks are 1 byte, nonzero = attend */
     const void *mask;
@@ -74,8 +76,36 @@ typedef struct {
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only
- * out and weights. Returns ATTNX_OK or an error code (nothing written then). */
+ * out, weights and lse. Returns ATTNX_OK or an error code (nothing written then).
+ * lse[b,h,i] = max_j s_ij + log(sum_j exp(s_ij - max_j s_ij)) over the allowed
+ * scores s of row i: -inf for a row with no allowed key (or past query_lengths). */
 attnx_status attnx_forward(const attnx_problem *p);
+
+/* A float32 4-D array the core writes: element strides of its first three axes. */
+typedef struct {
+    float *data;
+    int64_t sb, sh, sl;
+} attnx_out_tensor;
+
+/* The backward pass of attnx_forward for an upstream gradient dout:
+ *   f      the forward problem (q, k, v, mask, lengths, causal, scale; its out,
+ *          weights and lse are not used)
+ *   o      (B, Hq, Lq, Dv) the forward's output      dout (B, Hq, Lq, Dv)
+ *   lse    (B, Hq, Lq) the forward's lse (element strides lse_sb, lse_sh, lse_sl)
+ *   dq     (B, Hq, Lq, D)   dk (B, Hk, Lk, D)   dv (B, Hk, Lk, Dv): written whole
+ *   dmask  (B, Hq, Lq, Lk) C-contiguous, or NULL: d(scores) of the allowed
+ *          entries added in; the caller zeroes it (entries never visited stay 0)
+ * Deterministic: the same bits on every run with the same thread count. */
+typedef struct {
+    attnx_problem f;
+    attnx_tensor o, dout;
+    const float *lse;
+    int64_t lse_sb, lse_sh, lse_sl;
+    attnx_out_tensor dq, dk, dv;
+    float *dmask;
+} attnx_grad_problem;
+
+attnx_status attnx_backward(const attnx_grad_problem *g);
 
 const char *attnx_strerror(attnx_status status);
 

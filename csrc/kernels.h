@@ -85,6 +85,19 @@ typedef struct attnx_kernels {
      * (alpha NULL: no rescale)  pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc) */
     void (*pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,
                int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
+
+    /* Backward: the tile's transpose times rows of x, summed over the queries:
+     *   acc[j][:] += sum_i pt[j*ldq + i] * x[i*x_sl + :]     (j < nk, i < nq)
+     * pt: (nk, ldq)  x: (nq, n) rows x_sl apart  acc: (nk, n) rows ldacc apart
+     * (dV += Pᵀ dO and dK += dSᵀ Q, written straight into the gradient rows) */
+    void (*ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl, int nk,
+                int64_t n, float *acc, int64_t ldacc);
+
+    /* Backward through the softmax, per query i (lane) and key j:
+     *   dpt[j][i] = pt[j][i] == 0 ? 0 : pt[j][i] * (dpt[j][i] - d[i])
+     * pt, dpt: (nk, ldq)  d: (ldq); i < nq rounded up to a vector */
+    void (*softmax_bwd)(const float *pt, float *dpt, int64_t ldq, int nq, int nk,
+                        const float *d);
 } attnx_kernels;
 
 extern const attnx_kernels attnx_kernels_scalar;

@@ -132,7 +132,33 @@ static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int6
     }
 }
 
+// pt: (nk, ldq)  x: (nq, n) rows x_sl apart  acc: (nk, n) rows ldacc apart
+static void ptx_scalar(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl, int nk,
+                       int64_t n, float *acc, int64_t ldacc)
+{
+    for (int j = 0; j < nk; j++) {
+        float *aj = acc + j * ldacc;
+        for (int i = 0; i < nq; i++) {
+            const float p = pt[j * ldq + i];
+            const float *xi = x + i * x_sl;
+            for (int64_t d = 0; d < n; d++) aj[d] += p * xi[d];
+        }
+    }
+}
+
+// pt, dpt: (nk, ldq)  d: (ldq)
+static void softmax_bwd_scalar(const float *pt, float *dpt, int64_t ldq, int nq, int nk,
+                               const float *d)
+{
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            const float p = pt[j * ldq + i];
+            dpt[j * ldq + i] = p == 0.0f ? 0.0f : p * (dpt[j * ldq + i] - d[i]);
+        }
+}
+
 const attnx_kernels attnx_kernels_scalar = {
     "scalar", qk_scalar, qk_dot_scalar, 4, softmax_online_scalar, softmax_final_scalar,
     mask_float_scalar, mask_bool_scalar, pack_qt_scalar, store_rows_scalar, pv_scalar,
+    ptx_scalar, softmax_bwd_scalar,
 };

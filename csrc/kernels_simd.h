@@ -304,7 +304,7 @@ static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t D
  * p[j][i] and multiplies a vector of the value row v[j]. The last vector of a
  * row may be partial (TAIL lanes, masked loads and stores). */
 ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const float *pt,
-                           int64_t ldq, const float *v, int64_t v_sl, int nk,
+                           int64_t s_sum, int64_t s_row, const float *v, int64_t v_sl, int nk,
                            const float *alpha, float *acc, int64_t ldacc)
 {
     const VMASK mk = V_MASK(tail ? tail : W);
@@ -323,7 +323,7 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
             vv[c] = (tail && c == NV - 1) ? V_LOAD_M(v + j * v_sl + c * W, mk)
                                           : V_LOAD(v + j * v_sl + c * W);
         for (int r = 0; r < MR; r++) {
-            const VF p = V_BCAST(pt + j * ldq + r);
+            const VF p = V_BCAST(pt + j * s_sum + r * s_row);
             for (int c = 0; c < NV; c++) a[r][c] = V_FMA(p, vv[c], a[r][c]);
         }
     }
@@ -334,15 +334,20 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
         }
 }
 
-#define PV_CASE(mr, nv)                                                                   \
-    case (mr) * 8 + (nv):                                                                 \
-        if (tail) pv_block(mr, nv, tail, pt + i, ldq, v + d0, v_sl, nk, al, ai + d0, ldacc); \
-        else pv_block(mr, nv, 0, pt + i, ldq, v + d0, v_sl, nk, al, ai + d0, ldacc);       \
+/* pv: rows r are queries, the sum runs over keys j: element pt[j*ldq + r].
+ * ptx: rows r are keys, the sum runs over queries i: element pt[r*ldq + i]. */
+#define PV_CASE(mr, nv)                                                                     \
+    case (mr) * 8 + (nv):                                                                   \
+        if (tail) pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, v + d0, v_sl, nk, al, \
+                           ai + d0, ldacc);                                                 \
+        else pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, v + d0, v_sl, nk, al,         \
+                      ai + d0, ldacc);                                                      \
         break;
 
-// pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
-static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl,
-                       int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+/* acc (nrow, ldacc) [+]= Σ_t pt[t*s_sum + r*s_row] · v[t*v_sl + :] over t < nsum */
+ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, const float *v,
+                         int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
+                         int64_t ldacc)
 {
     const int64_t nvec = (Dv + W - 1) / W;
     for (int i = 0; i < nq; i += PV_MR) {
@@ -361,7 +366,39 @@ static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int
     }
 }
 
+// pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
+static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl,
+                       int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc);
+}
+
+/* ---- backward: acc (nk rows) += Pᵀ-tile · x ------------------------------- */
+// pt: (nk, ldq)  x: (nq, n) rows x_sl apart  acc: (nk, n) rows ldacc apart
+static void SUFFIX(ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl,
+                        int nk, int64_t n, float *acc, int64_t ldacc)
+{
+    pv_any(pt, 1, ldq, nk, x, x_sl, nq, n, NULL, acc, ldacc);
+}
+
+/* ---- backward: dS = P ∘ (dP − d), one query per lane; exactly 0 where P is 0
+ * (a masked key adds nothing, even where dP is inf or NaN) -------------------- */
+// pt, dpt: (nk, ldq)  d: (ldq); dS is written over dpt
+static void SUFFIX(softmax_bwd)(const float *pt, float *dpt, int64_t ldq, int nq, int nk,
+                                const float *d)
+{
+    for (int i = 0; i < nq; i += W) {
+        const VF di = V_LOAD(d + i);
+        for (int j = 0; j < nk; j++) {
+            const VF p = V_LOAD(pt + j * ldq + i);
+            const VF g = V_MUL(p, V_SUB(V_LOAD(dpt + j * ldq + i), di));
+            V_STORE(dpt + j * ldq + i, V_SEL_EQ(p, V_ZERO(), V_ZERO(), g));
+        }
+    }
+}
+
 const attnx_kernels SUFFIX(attnx_kernels) = {
     SUFFIX_NAME, SUFFIX(qk), SUFFIX(qk_dot), W / 2, SUFFIX(softmax_online), SUFFIX(softmax_final),
     SUFFIX(mask_float), SUFFIX(mask_bool), SUFFIX(pack_qt), SUFFIX(store_rows), SUFFIX(pv),
+    SUFFIX(ptx), SUFFIX(softmax_bwd),
 };

@@ -126,110 +126,188 @@ PyDoc_STRVAR(forward_doc,
 "lengths None or int64 (B,Hq); causal 0 none, 1 upper-left, 2 lower-right.\n"
 "Use attnx.scaled_dot_product_attention instead.");
 
-static PyObject *py_forward(PyObject *self, PyObject *args)
+/* Check the forward's arrays and fill p (out: writeable when out_writeable). 0 on error. */
+static int fill_problem(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v, PyObject *out,
+                        int out_writeable, PyObject *weights, PyObject *mask, PyObject *kl,
+                        PyObject *ql, int causal, double scale, PyObject *scale_obj)
 {
-    PyObject *q, *k, *v, *out, *weights, *mask, *kl, *ql;
-    int causal;
-    double scale;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOid:forward", &q, &k, &v, &out, &weights, &mask, &kl,
-                          &ql, &causal, &scale))
-        return NULL;
 
     const npy_intp any4[4] = {-1, -1, -1, -1};
-    if (!check_array(q, "q", NPY_FLOAT32, any4, 0, 0)) return NULL;
+    if (!check_array(q, "q", NPY_FLOAT32, any4, 0, 0)) return 0;
     const npy_intp *qs = PyArray_SHAPE((PyArrayObject *)q);
     const npy_intp B = qs[0], Hq = qs[1], Lq = qs[2], E = qs[3];
     const npy_intp kexp[4] = {B, -1, -1, E};
-    if (!check_array(k, "k", NPY_FLOAT32, kexp, 0, 0)) return NULL;
+    if (!check_array(k, "k", NPY_FLOAT32, kexp, 0, 0)) return 0;
     const npy_intp Hk = PyArray_DIM((PyArrayObject *)k, 1), Lk = PyArray_DIM((PyArrayObject *)k, 2);
     const npy_intp vexp[4] = {B, Hk, Lk, -1};
-    if (!check_array(v, "v", NPY_FLOAT32, vexp, 0, 0)) return NULL;
+    if (!check_array(v, "v", NPY_FLOAT32, vexp, 0, 0)) return 0;
     const npy_intp Ev = PyArray_DIM((PyArrayObject *)v, 3);
     const npy_intp oexp[4] = {B, Hq, Lq, Ev};
-    if (!check_array(out, "out", NPY_FLOAT32, oexp, 1, 0)) return NULL;
+    if (!check_array(out, "out", NPY_FLOAT32, oexp, out_writeable, 0)) return 0;
     const npy_intp full[4] = {B, Hq, Lq, Lk};
-    if (weights != Py_None && !check_array(weights, "weights", NPY_FLOAT32, full, 1, 1)) return NULL;
+    if (weights != Py_None && !check_array(weights, "weights", NPY_FLOAT32, full, 1, 1)) return 0;
     if (Hq > 0 && (Hk == 0 || Hq % Hk != 0)) {
         PyErr_Format(PyExc_ValueError, "query heads (%zd) must be a multiple of key/value heads (%zd)",
                      Hq, Hk);
-        return NULL;
+        return 0;
     }
 
-    attnx_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = B; p.Hq = Hq; p.Hk = Hk; p.Lq = Lq; p.Lk = Lk; p.D = E; p.Dv = Ev;
-    p.q.data = PyArray_DATA((PyArrayObject *)q);
-    p.q.sb = estride(q, 0); p.q.sh = estride(q, 1); p.q.sl = estride(q, 2);
-    p.k.data = PyArray_DATA((PyArrayObject *)k);
-    p.k.sb = estride(k, 0); p.k.sh = estride(k, 1); p.k.sl = estride(k, 2);
-    p.v.data = PyArray_DATA((PyArrayObject *)v);
-    p.v.sb = estride(v, 0); p.v.sh = estride(v, 1); p.v.sl = estride(v, 2);
-    p.out = PyArray_DATA((PyArrayObject *)out);
-    p.out_sb = estride(out, 0); p.out_sh = estride(out, 1); p.out_sl = estride(out, 2);
-    p.weights = weights == Py_None ? NULL : PyArray_DATA((PyArrayObject *)weights);
+    attnx_problem pp;
+    memset(&pp, 0, sizeof pp);
+    pp.B = B; pp.Hq = Hq; pp.Hk = Hk; pp.Lq = Lq; pp.Lk = Lk; pp.D = E; pp.Dv = Ev;
+    pp.q.data = PyArray_DATA((PyArrayObject *)q);
+    pp.q.sb = estride(q, 0); pp.q.sh = estride(q, 1); pp.q.sl = estride(q, 2);
+    pp.k.data = PyArray_DATA((PyArrayObject *)k);
+    pp.k.sb = estride(k, 0); pp.k.sh = estride(k, 1); pp.k.sl = estride(k, 2);
+    pp.v.data = PyArray_DATA((PyArrayObject *)v);
+    pp.v.sb = estride(v, 0); pp.v.sh = estride(v, 1); pp.v.sl = estride(v, 2);
+    pp.out = PyArray_DATA((PyArrayObject *)out);
+    pp.out_sb = estride(out, 0); pp.out_sh = estride(out, 1); pp.out_sl = estride(out, 2);
+    pp.weights = weights == Py_None ? NULL : PyArray_DATA((PyArrayObject *)weights);
 
     if (mask != Py_None) {
         if (!PyArray_Check(mask)) {
             PyErr_Format(PyExc_TypeError, "mask must be a numpy.ndarray or None, not %.200s",
                          Py_TYPE(mask)->tp_name);
-            return NULL;
+            return 0;
         }
         const int mt = PyArray_TYPE((PyArrayObject *)mask);
         if ((mt != NPY_BOOL && mt != NPY_FLOAT32) || !PyArray_ISNOTSWAPPED((PyArrayObject *)mask)) {
             PyErr_Format(PyExc_TypeError, "mask must have dtype bool or float32 (native byte order), not %S",
                          (PyObject *)PyArray_DESCR((PyArrayObject *)mask));
-            return NULL;
+            return 0;
         }
         /* a mask may be broadcast along any axis, the last included */
         PyArrayObject *m = (PyArrayObject *)mask;
         if (PyArray_NDIM(m) != 4) {
             PyErr_Format(PyExc_ValueError, "mask must be 4-D, got %d-D", PyArray_NDIM(m));
-            return NULL;
+            return 0;
         }
         for (int i = 0; i < 4; i++) {
             if (PyArray_DIM(m, i) != full[i]) {
                 PyErr_Format(PyExc_ValueError, "mask must have shape (%zd, %zd, %zd, %zd)",
                              full[0], full[1], full[2], full[3]);
-                return NULL;
+                return 0;
             }
             if (PyArray_STRIDE(m, i) % PyArray_ITEMSIZE(m)) {
                 PyErr_SetString(PyExc_ValueError, "mask strides must be whole elements");
-                return NULL;
+                return 0;
             }
         }
         if (!PyArray_ISALIGNED(m)) {
             PyErr_SetString(PyExc_ValueError, "mask data is not aligned");
-            return NULL;
+            return 0;
         }
-        p.mask_kind = mt == NPY_BOOL ? ATTNX_MASK_BOOL : ATTNX_MASK_FLOAT;
-        p.mask = PyArray_DATA(m);
-        p.mask_sb = estride(mask, 0); p.mask_sh = estride(mask, 1);
-        p.mask_sq = estride(mask, 2); p.mask_sk = estride(mask, 3);
+        pp.mask_kind = mt == NPY_BOOL ? ATTNX_MASK_BOOL : ATTNX_MASK_FLOAT;
+        pp.mask = PyArray_DATA(m);
+        pp.mask_sb = estride(mask, 0); pp.mask_sh = estride(mask, 1);
+        pp.mask_sq = estride(mask, 2); pp.mask_sk = estride(mask, 3);
     }
     if (kl != Py_None) {
-        if (!check_lengths(kl, "key_lengths", B, Hq)) return NULL;
-        p.key_lengths = PyArray_DATA((PyArrayObject *)kl);
-        p.kl_sb = estride(kl, 0); p.kl_sh = estride(kl, 1);
+        if (!check_lengths(kl, "key_lengths", B, Hq)) return 0;
+        pp.key_lengths = PyArray_DATA((PyArrayObject *)kl);
+        pp.kl_sb = estride(kl, 0); pp.kl_sh = estride(kl, 1);
     }
     if (ql != Py_None) {
-        if (!check_lengths(ql, "query_lengths", B, Hq)) return NULL;
-        p.query_lengths = PyArray_DATA((PyArrayObject *)ql);
-        p.ql_sb = estride(ql, 0); p.ql_sh = estride(ql, 1);
+        if (!check_lengths(ql, "query_lengths", B, Hq)) return 0;
+        pp.query_lengths = PyArray_DATA((PyArrayObject *)ql);
+        pp.ql_sb = estride(ql, 0); pp.ql_sh = estride(ql, 1);
     }
     if (causal < 0 || causal > 2) {
         PyErr_Format(PyExc_ValueError, "causal must be 0, 1 or 2, not %d", causal);
-        return NULL;
+        return 0;
     }
-    p.causal = causal;
-    p.scale = (float)scale;
-    if (!isfinite(p.scale)) {
-        PyErr_Format(PyExc_ValueError, "scale must be finite in float32, got %R", PyTuple_GET_ITEM(args, 9));
-        return NULL;
+    pp.causal = causal;
+    pp.scale = (float)scale;
+    if (!isfinite(pp.scale)) {
+        PyErr_Format(PyExc_ValueError, "scale must be finite in float32, got %R", scale_obj);
+        return 0;
     }
 
+    *p = pp;
+    return 1;
+}
+
+static int fill_lse(attnx_problem *p, PyObject *lse, int writeable)
+{
+    const npy_intp want[4] = {p->B, p->Hq, p->Lq, 1};
+    if (!check_array(lse, "lse", NPY_FLOAT32, want, writeable, 0)) return 0;
+    p->lse = PyArray_DATA((PyArrayObject *)lse);
+    p->lse_sb = estride(lse, 0); p->lse_sh = estride(lse, 1); p->lse_sl = estride(lse, 2);
+    return 1;
+}
+
+static PyObject *py_forward(PyObject *self, PyObject *args)
+{
+    PyObject *q, *k, *v, *out, *weights, *mask, *kl, *ql, *lse = Py_None;
+    int causal;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOid|O:forward", &q, &k, &v, &out, &weights, &mask, &kl,
+                          &ql, &causal, &scale, &lse))
+        return NULL;
+    attnx_problem p;
+    if (!fill_problem(&p, q, k, v, out, 1, weights, mask, kl, ql, causal, scale,
+                      PyTuple_GET_ITEM(args, 9)))
+        return NULL;
+    if (lse != Py_None && !fill_lse(&p, lse, 1)) return NULL;
     attnx_status st;
     Py_BEGIN_ALLOW_THREADS
     st = attnx_forward(&p);
+    Py_END_ALLOW_THREADS
+    if (st != ATTNX_OK) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(backward_doc,
+"backward(q, k, v, out, dout, lse, dq, dk, dv, dmask, mask, key_lengths, query_lengths, causal, scale)\n--\n\n"
+"Private: gradients of forward() on 4-D float32 views. out, dout (B,Hq,Lq,Ev);\n"
+"lse (B,Hq,Lq,1) view; dq (B,Hq,Lq,E), dk (B,Hk,Lk,E), dv (B,Hk,Lk,Ev) writeable;\n"
+"dmask None or (B,Hq,Lq,Lk) C-contiguous, zeroed. Use attnx.scaled_dot_product_attention_vjp.");
+
+static int fill_grad_tensor(attnx_out_tensor *t, PyObject *a, const char *name, const npy_intp shape[4])
+{
+    if (!check_array(a, name, NPY_FLOAT32, shape, 1, 0)) return 0;
+    t->data = PyArray_DATA((PyArrayObject *)a);
+    t->sb = estride(a, 0); t->sh = estride(a, 1); t->sl = estride(a, 2);
+    return 1;
+}
+
+static PyObject *py_backward(PyObject *self, PyObject *args)
+{
+    PyObject *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *dmask, *mask, *kl, *ql;
+    int causal;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOid:backward", &q, &k, &v, &o, &dout, &lse, &dq, &dk,
+                          &dv, &dmask, &mask, &kl, &ql, &causal, &scale))
+        return NULL;
+    attnx_grad_problem g;
+    memset(&g, 0, sizeof g);
+    if (!fill_problem(&g.f, q, k, v, o, 0, Py_None, mask, kl, ql, causal, scale,
+                      PyTuple_GET_ITEM(args, 14)))
+        return NULL;
+    attnx_problem *p = &g.f;
+    const npy_intp oshape[4] = {p->B, p->Hq, p->Lq, p->Dv};
+    if (!check_array(dout, "dout", NPY_FLOAT32, oshape, 0, 0) || !fill_lse(p, lse, 0)) return NULL;
+    g.o = p->q;  /* placeholder types: o and dout are read-only tensors */
+    g.o.data = PyArray_DATA((PyArrayObject *)o);
+    g.o.sb = estride(o, 0); g.o.sh = estride(o, 1); g.o.sl = estride(o, 2);
+    g.dout.data = PyArray_DATA((PyArrayObject *)dout);
+    g.dout.sb = estride(dout, 0); g.dout.sh = estride(dout, 1); g.dout.sl = estride(dout, 2);
+    g.lse = p->lse; g.lse_sb = p->lse_sb; g.lse_sh = p->lse_sh; g.lse_sl = p->lse_sl;
+    p->lse = NULL;
+    /* f.out points at o (validate wants it); the backward never writes it */
+    const npy_intp qshape[4] = {p->B, p->Hq, p->Lq, p->D}, kshape[4] = {p->B, p->Hk, p->Lk, p->D},
+                   vshape[4] = {p->B, p->Hk, p->Lk, p->Dv}, mshape[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    if (!fill_grad_tensor(&g.dq, dq, "dq", qshape) || !fill_grad_tensor(&g.dk, dk, "dk", kshape) ||
+        !fill_grad_tensor(&g.dv, dv, "dv", vshape))
+        return NULL;
+    if (dmask != Py_None) {
+        if (!check_array(dmask, "dmask", NPY_FLOAT32, mshape, 1, 1)) return NULL;
+        g.dmask = PyArray_DATA((PyArrayObject *)dmask);
+    }
+    attnx_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attnx_backward(&g);
     Py_END_ALLOW_THREADS
     if (st != ATTNX_OK) return raise_status(st);
     Py_RETURN_NONE;
@@ -296,6 +374,7 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"forward", py_forward, METH_VARARGS, forward_doc},
+    {"backward", py_backward, METH_VARARGS, backward_doc},
     {"isa", py_isa, METH_NOARGS, "isa()\n--\n\nThe instruction set the kernels use."},
     {"set_isa", py_set_isa, METH_O,
      "set_isa(name)\n--\n\nPrivate (tests): use 'scalar', 'avx2' or 'avx512' kernels."},

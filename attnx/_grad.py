@@ -1,0 +1,266 @@
+"""Gradients of ``scaled_dot_product_attention``: the vjp and backward forms, and
+``merge_attention``.
+
+The arithmetic is the C core's fused backward pass (FlashAttention-2's scheme:
+probabilities recomputed tile by tile from the forward's ``lse``, never the
+Lq×Lk matrix); this module normalises the arguments exactly as the forward
+does, allocates the gradients in the caller's layout and reduces a float
+mask's gradient over its broadcast axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _attnx
+from ._reference import reference_attention_backward
+from ._functional import (ArrayInput, Causal, Layout, _as_float, _asarray, _fold_calls, _prepare,
+                          _Prepared, _shape, scaled_dot_product_attention)
+
+__all__ = ["AttentionGrads", "scaled_dot_product_attention_vjp",
+           "scaled_dot_product_attention_backward", "merge_attention", "reference_backward"]
+
+F32 = NDArray[np.float32]
+
+
+class AttentionGrads(NamedTuple):
+    """Gradients of attention's inputs, each shaped (and laid out) like the input as passed.
+
+    query, key, value: float32 (float64 from attnx.reference_backward). attn_mask: the gradient of a float mask,
+    summed over the axes along which it was broadcast (shaped like the mask as
+    passed); None for a bool mask or no mask. sinks: None (no sinks were given).
+    """
+
+    query: NDArray[Any]
+    key: NDArray[Any]
+    value: NDArray[Any]
+    attn_mask: Optional[NDArray[Any]] = None
+    sinks: Optional[NDArray[Any]] = None
+
+
+def _core_view(a: NDArray[Any], p: _Prepared) -> NDArray[Any]:
+    """(B..., H, L, X) view of an array in the caller's layout (blhd swapped; 2-D given an axis)."""
+    if p.layout == "blhd":
+        a = np.swapaxes(a, -2, -3)
+    return a[None] if p.ndim == 2 else a
+
+
+def _caller_shape(core: Tuple[int, ...], p: _Prepared) -> Tuple[int, ...]:
+    """The shape in the caller's layout of a (batch..., H, L, X) array."""
+    if p.layout == "blhd":
+        core = core[:-3] + (core[-2], core[-3], core[-1])
+    return core[1:] if p.ndim == 2 else core
+
+
+def _like_output(x: object, name: str, p: _Prepared) -> NDArray[np.float32]:
+    """dout or out: float32, shaped like the forward's output, as a (batch..., Hq, Lq, Ev) view."""
+    a = _as_float(x, name)
+    Hq, Lq = p.q.shape[-3:-1]
+    Ev = p.v.shape[-1]
+    want = _caller_shape(p.batch_shape + (Hq, Lq, Ev), p)
+    if a.shape != want:
+        raise ValueError(f"{name} must have the shape of the attention output {want}; "
+                         f"got {_shape(a)}")
+    v = _core_view(a, p)
+    if v.shape[-1] > 1 and v.strides[-1] != 4 or not v.flags.aligned:
+        v = np.ascontiguousarray(v)
+    return v
+
+
+def _lse_view(x: object, p: _Prepared) -> NDArray[np.float32]:
+    a = _as_float(x, "lse")
+    want = p.batch_shape + p.q.shape[-3:-1]
+    want = want[1:] if p.ndim == 2 else want
+    if a.shape != want:
+        raise ValueError(f"lse must have shape (B..., Hq, Lq) = {want}; got {_shape(a)}")
+    a = a[None] if p.ndim == 2 else a
+    if not a.flags.aligned:
+        a = a.copy()
+    return a[..., None]
+
+
+def _mask_grad(dmask: NDArray[Any], mask: object) -> NDArray[Any]:
+    """The full (batch..., Hq, Lq, Lk) gradient summed to the shape of the mask as passed."""
+    shape = np.shape(_asarray(mask, "attn_mask"))
+    lead = dmask.ndim - len(shape)
+    g = dmask.sum(axis=tuple(range(lead))) if lead else dmask
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return np.ascontiguousarray(g.reshape(shape), dtype=dmask.dtype)
+
+
+def scaled_dot_product_attention_backward(
+        dout: ArrayInput, query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        out: ArrayInput, lse: ArrayInput, attn_mask: Optional[ArrayInput] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, layout: Layout = "bhld",
+        key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None) -> AttentionGrads:
+    """Gradients of :func:`attnx.scaled_dot_product_attention` from saved tensors.
+
+    ``dout`` is the gradient of the loss with respect to ``out`` (the output's
+    shape); ``out`` and ``lse`` are what the forward returned for these inputs
+    with ``return_lse=True``; every other argument is the forward's, with the
+    same meaning. For callers that keep their own saved tensors; most code
+    wants :func:`attnx.scaled_dot_product_attention_vjp`.
+
+    Returns :class:`attnx.AttentionGrads` (query, key, value, attn_mask), each
+    shaped like the input as passed (layout included; GQA key/value gradients
+    summed over each group; a float mask's gradient summed over its broadcast
+    axes, None for a bool mask). Keys past ``key_lengths``, query rows past
+    ``query_lengths`` and rows with no allowed key get zero gradients. float32.
+    Deterministic: the same bits on every run with a given thread count.
+    """
+    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 layout, key_lengths, query_lengths, np.float32)
+    o = _like_output(out, "out", p)
+    do = _like_output(dout, "dout", p)
+    lse4 = _lse_view(lse, p)
+
+    # gradients in the caller's layout, and their (batch..., H, L, X) views
+    grads = [np.empty(_caller_shape(a.shape, p), np.float32) for a in (p.q, p.k, p.v)]
+    views = [_core_view(g, p) for g in grads]
+    float_mask = p.mask is not None and p.mask.dtype != np.bool_
+    dmask = np.zeros(p.batch_shape + p.q.shape[-3:-1] + p.k.shape[-2:-1], np.float32) \
+        if float_mask else None
+    for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm), (kl, ql) in _fold_calls(
+            p.batch_shape, [p.q, p.k, p.v, p.mask, o, do, lse4, *views, dmask],
+            [p.key_lengths, p.query_lengths]):
+        assert (q is not None and k is not None and v is not None and o4 is not None
+                and do4 is not None and l4 is not None and dq is not None and dk is not None
+                and dv is not None)
+        _attnx.backward(q, k, v, o4, do4, l4, dq, dk, dv, dm, m, kl, ql, p.causal, p.scale)
+    gm = _mask_grad(dmask, attn_mask) if dmask is not None else None
+    return AttentionGrads(grads[0], grads[1], grads[2], gm)
+
+
+def scaled_dot_product_attention_vjp(
+        query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None,
+) -> Tuple[F32, Callable[[ArrayInput], AttentionGrads]]:
+    """The forward's output and a function of its cotangent (JAX's ``vjp``).
+
+    Same arguments and semantics as :func:`attnx.scaled_dot_product_attention`.
+    Returns ``(out, vjp)``; ``vjp(dout)`` gives :class:`attnx.AttentionGrads`
+    for an upstream gradient ``dout`` shaped like ``out``, and may be called
+    any number of times. The forward saves only ``out`` and ``lse`` (Lq
+    floats a row); the backward recomputes the probabilities tile by tile.
+    The inputs are referenced, not copied: do not modify them in place
+    before calling ``vjp``.
+
+    Example
+    -------
+    >>> import numpy as np, attnx
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((2, 4, 10, 16), dtype=np.float32) for _ in range(3))
+    >>> out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, is_causal=True)
+    >>> g = vjp(np.ones_like(out))
+    >>> g.query.shape, g.key.shape, g.value.shape, g.attn_mask
+    ((2, 4, 10, 16), (2, 4, 10, 16), (2, 4, 10, 16), None)
+    """
+    q, k, v = (_asarray(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
+    mask = None if attn_mask is None else _asarray(attn_mask, "attn_mask")
+    kw: Any = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                   enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
+                   query_lengths=query_lengths)
+    out, lse = scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+
+    def vjp(dout: ArrayInput) -> AttentionGrads:
+        return scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **kw)
+
+    return out, vjp
+
+
+def reference_backward(
+        dout: ArrayInput, query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None) -> AttentionGrads:
+    """The gradients of :func:`attnx.reference` in float64 NumPy: the oracle of the tests.
+
+    Same arguments as :func:`attnx.scaled_dot_product_attention_vjp`, plus the
+    upstream gradient ``dout`` first (shaped like the output); returns
+    :class:`attnx.AttentionGrads` of float64 arrays shaped like the inputs as
+    passed. Slow and memory-hungry: it builds every score.
+    """
+    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 layout, key_lengths, query_lengths, np.float64)
+    B = int(np.prod(p.batch_shape, dtype=np.int64))
+    q, k, v, mask = p.folded()
+    do = _core_view(np.asarray(_asarray(dout, "dout"), dtype=np.float64), p)
+    Hq, Lq = q.shape[1:3]
+    if do.shape != p.batch_shape + (Hq, Lq, v.shape[-1]):
+        raise ValueError(f"dout must have the shape of the attention output; got {_shape(do)}")
+    causal: Causal = (False, True, "lower_right")[p.causal]
+    dq, dk, dv, ds = reference_attention_backward(do.reshape((B,) + do.shape[-3:]), q, k, v, mask,
+                                                  causal, p.scale, p.key_lengths, p.query_lengths)
+
+    def back(a: NDArray[np.float64], like: NDArray[Any]) -> NDArray[np.float64]:
+        core = a.reshape(p.batch_shape + a.shape[1:])
+        out = np.empty(_caller_shape(core.shape, p))
+        _core_view(out, p)[...] = core
+        return out
+
+    gm = None
+    if mask is not None and mask.dtype != np.bool_:
+        gm = _mask_grad(ds.reshape(p.batch_shape + ds.shape[1:]), attn_mask).astype(np.float64)
+    return AttentionGrads(back(dq, p.q), back(dk, p.k), back(dv, p.v), gm)
+
+
+def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,
+                    layout: Layout = "bhld") -> Tuple[F32, F32]:
+    """Attention over the union of disjoint sets of keys, from the attention over each.
+
+    ``outs[s]`` (B..., H, Lq, Ev) (``layout="blhd"``: (B..., Lq, H, Ev)) and
+    ``lses[s]`` (B..., H, Lq) are what ``scaled_dot_product_attention(...,
+    return_lse=True)`` returned for the same queries against the s-th set of
+    keys (chunks of a long sequence, pieces of a KV cache, other machines).
+    Returns ``(out, lse)`` of attention over all of them: with M = max_s lse_s,
+    ``out = sum_s exp(lse_s - M) out_s / sum_s exp(lse_s - M)`` and
+    ``lse = M + log sum_s exp(lse_s - M)``; exact up to float32 rounding. A row
+    with no allowed key anywhere (every lse -inf) gives zeros and -inf.
+
+    Example
+    -------
+    >>> import numpy as np, attnx
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((1, 2, 4, 8), dtype=np.float32) for _ in range(3))
+    >>> a = attnx.scaled_dot_product_attention(q, k[:, :, :2], v[:, :, :2], return_lse=True)
+    >>> b = attnx.scaled_dot_product_attention(q, k[:, :, 2:], v[:, :, 2:], return_lse=True)
+    >>> out, lse = attnx.merge_attention([a[0], b[0]], [a[1], b[1]])
+    >>> bool(np.allclose(out, attnx.scaled_dot_product_attention(q, k, v), atol=1e-6))
+    True
+    """
+    if len(outs) != len(lses) or not outs:
+        raise ValueError(f"outs and lses must be non-empty sequences of the same length; got "
+                         f"{len(outs)} and {len(lses)}")
+    if layout not in ("bhld", "blhd"):
+        raise ValueError(f'layout must be "bhld" or "blhd"; got {layout!r}')
+    os_: List[NDArray[np.float32]] = [_as_float(o, f"outs[{i}]") for i, o in enumerate(outs)]
+    ls: List[NDArray[np.float32]] = [_as_float(x, f"lses[{i}]") for i, x in enumerate(lses)]
+    for i, (o, lse) in enumerate(zip(os_, ls)):
+        rows = o.shape[:-1] if layout == "bhld" else o.shape[:-3] + (o.shape[-2], o.shape[-3])
+        if o.ndim < 2 or o.shape != os_[0].shape or lse.shape != rows:
+            raise ValueError(f"outs[{i}] {_shape(o)} and lses[{i}] {_shape(lse)} must match "
+                             f"outs[0] {_shape(os_[0])} and its rows (B..., H, Lq)")
+    L = np.stack(ls)                                        # (S, B..., H, Lq)
+    M = L.max(axis=0)
+    Msub = np.where(np.isneginf(M), np.float32(0), M)
+    with np.errstate(invalid="ignore", over="ignore"):
+        f = np.exp(L - Msub)                                # (S, B..., H, Lq)
+        den = f.sum(axis=0)
+        fo = f if layout == "bhld" else np.swapaxes(f, -1, -2)
+        num = sum(fs[..., None] * np.where(fs[..., None] == 0, np.float32(0), o)
+                  for fs, o in zip(fo, os_))
+        dn = den if layout == "bhld" else np.swapaxes(den, -1, -2)
+        out = np.where(dn[..., None] == 0, np.float32(0), num / np.where(dn == 0, 1, dn)[..., None])
+        lse_out = np.where(den == 0, -np.inf, Msub + np.log(np.where(den == 0, 1, den)))
+    return out.astype(np.float32), lse_out.astype(np.float32)

@@ -1,0 +1,103 @@
+"""``attnx.torch``: attnx's attention as a differentiable PyTorch function.
+
+``attnx.torch.scaled_dot_product_attention`` is a drop-in for
+``torch.nn.functional.scaled_dot_product_attention`` on CPU tensors, with
+attnx's extra keywords (``layout``, ``key_lengths``, ``query_lengths``, the
+lower-right causal alignment). Gradients flow to query, key, value and a
+float ``attn_mask`` through attnx's fused backward pass. torch is imported
+here only (``import attnx`` never imports it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ._functional import Causal, Layout
+from ._functional import scaled_dot_product_attention as _sdpa
+from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
+
+__all__ = ["scaled_dot_product_attention"]
+
+
+def _numpy(t: torch.Tensor, name: str) -> np.ndarray[Any, Any]:
+    """A CPU tensor's memory as a NumPy array (float32 computed natively, float16/64 converted)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise TypeError(f"{name} must be a CPU tensor (attnx computes on the CPU); got device {t.device}")
+    if t.dtype not in (torch.float32, torch.float16, torch.float64, torch.bool):
+        raise TypeError(f"{name} must be float32, float16, float64 (or a bool mask); got {t.dtype}")
+    a: np.ndarray[Any, Any] = t.detach().resolve_conj().resolve_neg().numpy()
+    return a
+
+
+class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is untyped here
+    """out = attnx attention(q, k, v, mask); saves out and lse for the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attn_mask: Optional[torch.Tensor], opts: dict[str, Any]) -> torch.Tensor:
+        q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+        m = None if attn_mask is None else _numpy(attn_mask, "attn_mask")
+        out, lse = _sdpa(q, k, v, attn_mask=m, return_lse=True, **opts)
+        out_t, lse_t = torch.from_numpy(out), torch.from_numpy(lse)
+        ctx.save_for_backward(query, key, value, attn_mask, out_t, lse_t)
+        ctx.opts = opts
+        return out_t.to(query.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+        query, key, value, attn_mask, out, lse = ctx.saved_tensors
+        g = _sdpa_backward(_numpy(dout, "grad_output"), _numpy(query, "query"),
+                           _numpy(key, "key"), _numpy(value, "value"), out.numpy(), lse.numpy(),
+                           attn_mask=None if attn_mask is None else _numpy(attn_mask, "attn_mask"),
+                           **ctx.opts)
+
+        def back(a: Optional[np.ndarray[Any, Any]], like: Optional[torch.Tensor],
+                 needed: bool) -> Optional[torch.Tensor]:
+            if a is None or like is None or not needed:
+                return None
+            return torch.from_numpy(a).to(like.dtype)
+
+        need = ctx.needs_input_grad
+        return (back(g.query, query, need[0]), back(g.key, key, need[1]),
+                back(g.value, value, need[2]), back(g.attn_mask, attn_mask, need[3]), None)
+
+
+def scaled_dot_product_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[Any] = None,
+        query_lengths: Optional[Any] = None) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` computed by attnx, with gradients.
+
+    query (B..., Hq, Lq, E), key (B..., Hk, Lk, E), value (B..., Hk, Lk, Ev):
+    CPU tensors (float32 natively; float16/float64 are computed in float32 and
+    the output and gradients come back in the input's dtype). Every argument
+    means what it means in :func:`attnx.scaled_dot_product_attention`
+    (``attn_mask``: bool, True = may attend, or float, added to the scores;
+    ``is_causal``: True, "upper_left" or "lower_right"; ``layout="blhd"``
+    takes (B, L, H, E); ``key_lengths``/``query_lengths``: padding without a
+    mask). Gradients flow to query, key, value and a float ``attn_mask``
+    (summed over its broadcast axes); ``dropout_p`` must be 0.
+
+    Returns the output tensor, (B..., Hq, Lq, Ev) (``"blhd"``: (B..., Lq, Hq, Ev)).
+
+    Example
+    -------
+    >>> import torch, attnx.torch
+    >>> q = torch.randn(2, 4, 10, 16, requires_grad=True)
+    >>> out = attnx.torch.scaled_dot_product_attention(q, q, q, is_causal=True)
+    >>> out.sum().backward()
+    >>> q.grad.shape
+    torch.Size([2, 4, 10, 16])
+    """
+    opts: dict[str, Any] = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
+                                query_lengths=query_lengths)
+    out: torch.Tensor = _Attention.apply(query, key, value, attn_mask, opts)
+    return out
