@@ -466,6 +466,17 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
+        need_weights: bool = False, return_lse: Literal[False] = False,
+) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]: ...
+
+
+@overload
+def scaled_dot_product_attention(
+        query: ArrayInput, key: ArrayInput, value: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None,
         need_weights: bool = False, return_lse: bool = False,
 ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]], Tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]]: ...
 

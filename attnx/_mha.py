@@ -434,7 +434,7 @@ class MultiHeadAttention:
 
     def _output(self, z: NDArray[Any]) -> NDArray[np.float32]:
         """(B, Lq, H, D) -> (B, Lq, H*D) @ (H*D, d_model) + b_o -> (B, Lq, d_model)."""
-        out = z.reshape(z.shape[0], z.shape[1], -1) @ self.W_o
+        out = z.reshape(z.shape[0], z.shape[1], z.shape[2] * z.shape[3]) @ self.W_o
         if self.b_o is not None:
             out += self.b_o
         return out.astype(np.float32, copy=False)
