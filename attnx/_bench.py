@@ -56,6 +56,20 @@ def numpy_attention(Q: F32, K: F32, V: F32) -> Tuple[F32, F32]:
     return weights @ V, weights
 
 
+def numpy_attention_backward(Q: F32, K: F32, V: F32, dO: F32) -> Tuple[F32, F32, F32]:
+    """The obvious NumPy backward of numpy_attention (it builds P, dP and dS):
+    Q (N, Lq, D), K, V (N, Lk, D), dO (N, Lq, D) -> dQ, dK, dV."""
+    scale = 1.0 / np.sqrt(Q.shape[-1])
+    s = Q @ K.transpose(0, 2, 1) * scale
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    P = e / e.sum(axis=-1, keepdims=True)
+    O = P @ V
+    dV = P.transpose(0, 2, 1) @ dO
+    dP = dO @ V.transpose(0, 2, 1)
+    dS = P * (dP - (dO * O).sum(axis=-1, keepdims=True))
+    return (dS @ K) * scale, (dS.transpose(0, 2, 1) @ Q) * scale, dV
+
+
 def _time(fns: Sequence[Callable[[], object]], repeats: int,
           settle: Sequence[int] = ()) -> List[float]:
     """Median seconds per call of each callable, interleaved by blocks.
@@ -155,8 +169,8 @@ class _Bench:
         print(f"attnx {self.attnx.__version__}, ISA {self.attnx.isa()}, {self.threads} thread(s), "
               f"CPU: {cpu_name()}, numpy {np.__version__}"
               + (f", torch {self.torch.__version__}" if self.torch else ", torch not installed"))
-        print(f"GFLOP/s = 4·B·H·Lq·Lk·D / median time per call over {self.repeats} interleaved rounds "
-              "(each a ~30 ms block of back-to-back calls)")
+        print(f"GFLOP/s = 4·B·H·Lq·Lk·D (backward 10·, forward+backward 14·) / median time per "
+              f"call over {self.repeats} interleaved rounds (each a ~30 ms block of back-to-back calls)")
         print(f"{'case':<44} {'attnx':>8} {'torch':>8} {'numpy':>8} {'vs torch':>9} {'vs numpy':>9}")
 
     def case(self, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, *,
@@ -229,6 +243,109 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
+    def _row(self, name: str, flops: float, times: Dict[str, float], nt: int) -> Row:
+        row: Row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
+                    "attnx_gflops": flops / times["attnx"] / 1e9}
+        for n in ("torch", "numpy"):
+            if n in times:
+                row[f"{n}_s"] = times[n]
+                row[f"{n}_gflops"] = flops / times[n] / 1e9
+                row[f"vs_{n}"] = times[n] / times["attnx"]
+        return row
+
+    def backward(self, name: str, B: int, H: int, L: int, D: int, *, causal: bool = False,
+                 step: bool = True, numpy: bool = False) -> Row:
+        """Gradients: ``step`` times a forward (with lse) + backward against torch's
+        forward + backward (14·B·H·L²·D FLOP); otherwise the backward alone
+        against torch's backward alone (10·B·H·L²·D), and, with ``numpy``, the
+        obvious NumPy backward that materialises P, dP and dS."""
+        attnx, torch, F = self.attnx, self.torch, self.F
+        attnx.set_num_threads(self.threads)
+        q, k, v, dout = _inputs(B, H, H, L, L, D) + _inputs(B, H, H, L, L, D, seed=1)[:1]
+        out, lse = attnx.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
+
+        def a_step() -> object:
+            o, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, is_causal=causal)
+            return vjp(dout)
+
+        def a_bwd() -> object:
+            return attnx.scaled_dot_product_attention_backward(dout, q, k, v, out, lse,
+                                                               is_causal=causal)
+        fns: List[Callable[[], object]] = [a_step if step else a_bwd]
+        names = ["attnx"]
+        if torch:
+            torch.set_num_threads(self.threads)
+            tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+            tdo = torch.from_numpy(dout)
+            if step:
+                fns.append(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+                           .backward(tdo))
+            else:
+                graph = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+                fns.append(lambda: torch.autograd.grad(graph, (tq, tk, tv), tdo, retain_graph=True))
+            names.append("torch")
+        if numpy:
+            fns.append(lambda: numpy_attention_backward(q[0], k[0], v[0], dout[0]))
+            names.append("numpy")
+        settle = [names.index("numpy")] if numpy else []
+        times = dict(zip(names, _time(fns, self.repeats, settle)))
+        row = self._row(name, (14.0 if step else 10.0) * B * H * L * L * D, times, self.threads)
+        self.emit(row)
+        attnx.set_num_threads(0)
+        return row
+
+    def mha_step(self, B: int, L: int, d_model: int, H: int) -> Row:
+        """MultiHeadAttention forward + backward against torch.nn.MultiheadAttention's."""
+        attnx, torch = self.attnx, self.torch
+        attnx.set_num_threads(self.threads)
+        mha = attnx.MultiHeadAttention(d_model, H, seed=0)
+        x, dout = (np.random.default_rng(s).standard_normal((B, L, d_model), dtype=np.float32)
+                   for s in (0, 1))
+
+        def a_step() -> object:
+            out, vjp = mha.vjp(x)
+            return vjp(dout)
+        fns: List[Callable[[], object]] = [a_step]
+        names = ["attnx"]
+        if torch:
+            torch.set_num_threads(self.threads)
+            tm = torch.nn.MultiheadAttention(d_model, H, batch_first=True)
+            tx = torch.tensor(x, requires_grad=True)
+            tdo = torch.from_numpy(dout)
+            fns.append(lambda: tm(tx, tx, tx, need_weights=False)[0].backward(tdo))
+            names.append("torch")
+        times = dict(zip(names, _time(fns, self.repeats)))
+        flops = 14.0 * B * L * L * d_model + 2.0 * 3 * 4 * B * L * d_model * d_model
+        row = self._row(f"MHA fwd+bwd B={B} L={L} d_model={d_model} H={H}",
+                        flops, times, self.threads)
+        self.emit(row)
+        attnx.set_num_threads(0)
+        return row
+
+    def backward_memory(self, L: int, H: int, D: int) -> Row:
+        """Peak RSS growth of one long-sequence backward, in a fresh process."""
+        code = (
+            "import resource, time, numpy as np, attnx\n"
+            f"rng = np.random.default_rng(0); L, H, D = {L}, {H}, {D}\n"
+            "q, k, v, do = (rng.standard_normal((1, H, L, D), dtype=np.float32) for _ in range(4))\n"
+            "out, lse = attnx.scaled_dot_product_attention(q, k, v, return_lse=True)\n"
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "t0 = time.perf_counter()\n"
+            "g = attnx.scaled_dot_product_attention_backward(do, q, k, v, out, lse)\n"
+            "t = time.perf_counter() - t0\n"
+            "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "print(base, peak, t, q.nbytes * 3)\n")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        base_kib, peak_kib, t, grads = res.stdout.split()
+        extra = (int(peak_kib) - int(base_kib)) / 1024
+        row: Row = {"case": f"long backward L={L} H={H} D={D}", "threads": self.threads,
+                    "attnx_s": float(t), "attnx_gflops": 10.0 * H * L * L * D / float(t) / 1e9,
+                    "peak_rss_growth_MiB": extra,
+                    "note": f"RSS grew {extra:.0f} MiB during the call (the gradients are "
+                            f"{int(grads) / 2**20:.0f} MiB)"}
+        self.emit(row)
+        return row
+
     def memory(self, L: int, H: int, D: int) -> Row:
         """Peak RSS of one long-sequence call, in a fresh process."""
         code = (
@@ -274,6 +391,13 @@ def run(args: argparse.Namespace) -> int:
     rows.append(b.decode(8192, 32, 128))
     if not b.quick:
         rows.append(b.memory(16384, 8, 64))
+    rows.append(b.backward(f"fwd+bwd B=1 H=8 L=1024 D=64, {nt} threads", 1, 8, 1024, 64))
+    rows.append(b.backward("  same, backward only", 1, 8, 1024, 64, step=False, numpy=True))
+    rows.append(b.backward("  same, causal backward only", 1, 8, 1024, 64, step=False,
+                           causal=True))
+    rows.append(b.mha_step(8, 256, 512, 8))
+    if not b.quick:
+        rows.append(b.backward_memory(16384, 8, 64))
     lengths = [16, 128, 1024] if b.quick else [16, 64, 256, 1024, 4096]
     dims = [64] if b.quick else [32, 64, 128]
     for L in lengths:
