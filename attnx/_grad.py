@@ -90,7 +90,7 @@ def _mask_grad(dmask: NDArray[Any], mask: object) -> NDArray[Any]:
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
     if axes:
         g = g.sum(axis=axes, keepdims=True)
-    return np.ascontiguousarray(g.reshape(shape), dtype=dmask.dtype)
+    return np.array(g.reshape(shape), dtype=dmask.dtype)   # a copy; 0-d stays 0-d
 
 
 def scaled_dot_product_attention_backward(

@@ -400,3 +400,11 @@ def test_the_upstream_gradient_is_not_summed_away(rng):
     out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v)
     a, b = vjp(np.ones_like(out)), vjp(randn(rng, out.shape))
     assert not np.allclose(a.query, b.query)
+
+
+def test_scalar_float_mask_gets_a_scalar_gradient(rng):
+    """A 0-d float mask (found by the fuzzer) gets a 0-d gradient: the sum over every score."""
+    q, k, v = make_qkv(rng, B=(1,), Hq=1, Lq=3, Lk=4, E=8)
+    m = np.float32(0.5)
+    g = check(rng, q, k, v, attn_mask=np.asarray(m))
+    assert g.attn_mask.shape == ()

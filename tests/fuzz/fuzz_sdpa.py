@@ -1,4 +1,4 @@
-"""Fuzz harness for attnx's public Python API (issue 5, item 3).
+"""Fuzz harness for attnx's public Python API: the forward and its gradients.
 
 Every argument of ``attnx.scaled_dot_product_attention`` is chosen from the
 fuzzer's bytes: shapes (0 and 1 included, sizes around vector widths and
@@ -17,7 +17,10 @@ replay of the corpus (tests/test_fuzz_corpus.py):
 * a crash or a sanitizer report ends the process (a finding);
 * a returned result must have the documented type, dtype and shape, the
   inputs must be unchanged, and, when the inputs are small and finite, it
-  must match ``attnx.reference`` (float64) within the project's tolerance.
+  must match ``attnx.reference`` (float64) within the project's tolerance;
+* then the same call's gradients (``scaled_dot_product_attention_vjp`` with an
+  upstream gradient drawn from the output's size) are checked the same way
+  against ``attnx.reference_backward``.
 
 The bytes are decoded by a small decoder of our own (``Decoder``), not by
 atheris' FuzzedDataProvider, so a corpus file replays identically without
@@ -392,7 +395,8 @@ def _finite_small(*arrays, neginf_ok=False) -> bool:
     return True
 
 
-def _close(actual, expected, what):
+def _close(actual, expected, what, atol=None, rtol=None):
+    ATOL_, RTOL_ = (atol or ATOL), (rtol or RTOL)
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     assert a.shape == e.shape, f"{what}: shape {a.shape} != reference {e.shape}"
@@ -402,11 +406,11 @@ def _close(actual, expected, what):
                                                                        e[~fin & ~np.isnan(e)]), \
         f"{what}: infinities differ from the reference"
     err = np.abs(a[fin] - e[fin])
-    tol = ATOL + RTOL * np.abs(e[fin])
+    tol = ATOL_ + RTOL_ * np.abs(e[fin])
     if err.size and not np.all(err <= tol):
         i = int(np.argmax(err - tol))
-        raise AssertionError(f"{what}: {int(np.sum(err > tol))} element(s) outside atol={ATOL}, "
-                             f"rtol={RTOL}; worst |diff| {err[i]:.3g} (reference {e[fin][i]!r})")
+        raise AssertionError(f"{what}: {int(np.sum(err > tol))} element(s) outside atol={ATOL_}, "
+                             f"rtol={RTOL_}; worst |diff| {err[i]:.3g} (reference {e[fin][i]!r})")
 
 
 def _expected_shapes(q, k, v, layout, need_weights):
@@ -499,10 +503,50 @@ def run_one(data: bytes, tolerate_known: bool = False) -> None:
                     _close(w, ref[1], "weights")
                 else:
                     _close(out, ref, "out")
+            compare = small_scale and size <= 20_000 and _finite_small(q, k, v) and \
+                _finite_small(mask, neginf_ok=True)
+            _check_backward(args, kwargs, out, compare)
             _helpers(meta)
         finally:
             _attnx.set_isa(previous_isa)
             attnx.set_num_threads(previous_threads)
+
+
+def _check_backward(args, kwargs, out, compare):
+    """The gradients of the same call, for an upstream gradient drawn from the
+    output's size: documented exceptions are answers; shapes and dtypes as
+    documented; equal to attnx.reference_backward when the inputs are small
+    and finite (at PyTorch's float32 gradient tolerances)."""
+    import attnx
+
+    kw = {k: v for k, v in kwargs.items() if k != "need_weights"}
+    dout = np.random.default_rng(out.size).standard_normal(out.shape).astype(np.float32)
+    snaps = [_snapshot(x) for x in args[:4]]
+    try:
+        _, vjp = attnx.scaled_dot_product_attention_vjp(*args, **kw)
+        grads = vjp(dout)
+    except ALLOWED as exc:
+        STATS["backward: " + type(exc).__name__] += 1
+        return
+    STATS["backward returned"] += 1
+    for x, s in zip(args[:4], snaps):
+        if s is not None:
+            assert (x.shape, x.dtype, x.tobytes()) == s, "an input was modified by the backward"
+    for name, x in zip(("query", "key", "value"), args[:3]):
+        g = getattr(grads, name)
+        assert g.dtype == np.float32 and g.shape == np.shape(np.asarray(x)), \
+            f"grads.{name}: {g.dtype} {g.shape}, input {np.shape(np.asarray(x))}"
+    mask = args[3]
+    if mask is not None and np.asarray(mask).dtype.kind == "f":
+        assert grads.attn_mask is not None and grads.attn_mask.shape == np.shape(mask)
+    else:
+        assert grads.attn_mask is None
+    if compare:
+        STATS["backward compared with reference"] += 1
+        ref = attnx.reference_backward(dout, *args, **kw)
+        for name in ("query", "key", "value", "attn_mask"):
+            if getattr(ref, name) is not None:
+                _close(getattr(grads, name), getattr(ref, name), "grads." + name, 1.25e-5, 5.25e-6)
 
 
 # ----------------------------------------------------------------- drivers
