@@ -58,8 +58,11 @@ t0=$SECONDS
     python setup.py -q build_ext --inplace >"$work/build.log" 2>&1) \
     || { cat "$work/build.log"; echo "sanitize: build failed" >&2; exit 1; }
 so=$(ls "$tree"/attnx/_attnx*.so)
-nm -D "$so" | grep -q __asan_report || { echo "sanitize: $so has no ASan instrumentation" >&2; exit 1; }
-nm -D "$so" | grep -q __ubsan_handle || { echo "sanitize: $so has no UBSan instrumentation" >&2; exit 1; }
+# (the symbols are read whole first: `nm | grep -q` under pipefail fails at
+# random when grep exits early and nm dies of SIGPIPE)
+syms=$(nm -D "$so")
+grep -q __asan_report <<<"$syms" || { echo "sanitize: $so has no ASan instrumentation" >&2; exit 1; }
+grep -q __ubsan_handle <<<"$syms" || { echo "sanitize: $so has no UBSan instrumentation" >&2; exit 1; }
 echo "   built in $((SECONDS - t0)) s: $so"
 
 # The interpreter itself is not instrumented, so the ASan runtime must be the

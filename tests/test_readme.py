@@ -1,0 +1,30 @@
+"""README.md stays true to the tree: its "Layout of the code" names every C
+source file, and describes the thread pool as what it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def layout_block() -> str:
+    if not README.is_file() or not (ROOT / "csrc").is_dir():
+        pytest.skip("not run from a source tree")
+    text = README.read_text()
+    start = text.index("## Layout of the code")
+    return text[start:text.index("```", text.index("```", start) + 3)]
+
+
+def test_layout_names_every_c_source():
+    block = layout_block()
+    missing = [p.name for p in sorted((ROOT / "csrc").glob("*.c")) if p.name not in block]
+    assert not missing, f"README's layout section does not mention {missing}"
+
+
+def test_layout_describes_the_persistent_thread_pool():
+    block = layout_block()
+    assert "persistent" in block and "per-call" not in block
