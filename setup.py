@@ -12,9 +12,11 @@ import sys
 import numpy as np
 from setuptools import Extension, setup
 
-sources = sorted(
-    os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith(".c")
-)
+# the core's sources come from csrc/sources.txt (the one list every build reads),
+# the glue from module.c
+with open(os.path.join("csrc", "sources.txt")) as f:
+    core = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+sources = [os.path.join("csrc", name) for name in core + ["module.c"]]
 
 extra_compile_args = []
 extra_link_args = []

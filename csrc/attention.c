@@ -453,7 +453,7 @@ attnx_status attnx_forward(const attnx_problem *p)
     jb.p = p;
     jb.kt = attnx_active_kernels();
     jb.nqb = (p->Lq + BQ - 1) / BQ;
-    jb.ldacc = (p->Dv + 15) & ~(int64_t)15;
+    jb.ldacc = ATTNX_ROUND16(p->Dv);
     jb.partial = NULL;
     /* Scores are scale·q·k. The queries are packed pre-scaled, which cannot
      * overflow when |scale| <= 1; a larger scale is applied to the scores
@@ -743,7 +743,7 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
     bj.base.post_scale = fabsf(p->scale) > 1.0f ? p->scale : 1.0f;
     bj.g = g;
     bj.group = p->Hq / p->Hk;
-    bj.ldqa = (p->D + 15) & ~(int64_t)15;
+    bj.ldqa = ATTNX_ROUND16(p->D);
     atomic_init(&bj.next, 0);
 
     int nt = p->num_threads > 0 ? p->num_threads : attnx_get_num_threads();

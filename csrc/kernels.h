@@ -27,6 +27,10 @@
 #define ATTNX_BK 128   /* keys per tile */
 #endif
 
+/* n rounded up to a multiple of 16, a multiple of every ISA's vector width
+ * (packed query rows and accumulator rows are padded to it) */
+#define ATTNX_ROUND16(n) (((n) + 15) / 16 * 16)
+
 typedef struct attnx_kernels {
     const char *name;
 

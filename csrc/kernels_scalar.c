@@ -92,7 +92,7 @@ static void mask_bool_scalar(float *st, int64_t ldq, int nq, int nk, const unsig
 static void pack_qt_scalar(const float *q, int64_t q_sl, int nq, int64_t D, float scale, float *qt,
                            int64_t ldq)
 {
-    const int padded = (nq + 15) & ~15;
+    const int padded = ATTNX_ROUND16(nq);
     for (int64_t d = 0; d < D; d++) {
         float *row = qt + d * ldq;
         for (int i = 0; i < nq; i++) row[i] = scale * q[i * q_sl + d];
@@ -158,7 +158,17 @@ static void softmax_bwd_scalar(const float *pt, float *dpt, int64_t ldq, int nq,
 }
 
 const attnx_kernels attnx_kernels_scalar = {
-    "scalar", qk_scalar, qk_dot_scalar, 4, softmax_online_scalar, softmax_final_scalar,
-    mask_float_scalar, mask_bool_scalar, pack_qt_scalar, store_rows_scalar, pv_scalar,
-    ptx_scalar, softmax_bwd_scalar,
+    .name = "scalar",
+    .qk = qk_scalar,
+    .qk_dot = qk_dot_scalar,
+    .dot_max_nq = 4,
+    .softmax_online = softmax_online_scalar,
+    .softmax_final = softmax_final_scalar,
+    .mask_float = mask_float_scalar,
+    .mask_bool = mask_bool_scalar,
+    .pack_qt = pack_qt_scalar,
+    .store_rows = store_rows_scalar,
+    .pv = pv_scalar,
+    .ptx = ptx_scalar,
+    .softmax_bwd = softmax_bwd_scalar,
 };

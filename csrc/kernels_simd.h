@@ -248,7 +248,7 @@ static void SUFFIX(mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsi
 static void SUFFIX(pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, float scale,
                             float *qt, int64_t ldq)
 {
-    const int padded = (nq + 15) & ~15;
+    const int padded = ATTNX_ROUND16(nq);
     const VF sv = V_SET1(scale), one = V_SET1(1.0f);
     for (int i0 = 0; i0 < padded; i0 += W) {
         if (i0 >= nq) {
@@ -398,7 +398,17 @@ static void SUFFIX(softmax_bwd)(const float *pt, float *dpt, int64_t ldq, int nq
 }
 
 const attnx_kernels SUFFIX(attnx_kernels) = {
-    SUFFIX_NAME, SUFFIX(qk), SUFFIX(qk_dot), W / 2, SUFFIX(softmax_online), SUFFIX(softmax_final),
-    SUFFIX(mask_float), SUFFIX(mask_bool), SUFFIX(pack_qt), SUFFIX(store_rows), SUFFIX(pv),
-    SUFFIX(ptx), SUFFIX(softmax_bwd),
+    .name = SUFFIX_NAME,
+    .qk = SUFFIX(qk),
+    .qk_dot = SUFFIX(qk_dot),
+    .dot_max_nq = W / 2,
+    .softmax_online = SUFFIX(softmax_online),
+    .softmax_final = SUFFIX(softmax_final),
+    .mask_float = SUFFIX(mask_float),
+    .mask_bool = SUFFIX(mask_bool),
+    .pack_qt = SUFFIX(pack_qt),
+    .store_rows = SUFFIX(store_rows),
+    .pv = SUFFIX(pv),
+    .ptx = SUFFIX(ptx),
+    .softmax_bwd = SUFFIX(softmax_bwd),
 };

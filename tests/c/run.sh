@@ -4,7 +4,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cc=${1:-cc}
 out=$(mktemp -d)
+mapfile -t core < <(grep -v '^#' "$here/csrc/sources.txt" | sed "s|^|$here/csrc/|")
 $cc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter ${CFLAGS:-} -I"$here/csrc" \
-    "$here"/csrc/attention.c "$here"/csrc/dispatch.c "$here"/csrc/threads.c "$here"/csrc/kernels_*.c \
-    "$here"/tests/c/test_core.c -o "$out/test_core" -lm -lpthread ${LDFLAGS:-}
+    "${core[@]}" "$here"/tests/c/test_core.c -o "$out/test_core" -lm -lpthread ${LDFLAGS:-}
 ${3:-} "$out/test_core" "${2:-300}"

@@ -21,8 +21,8 @@ case "$what" in
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "$src"/kernels_*.c "$here/tile_kernels.c" -o "$out/tiles" -lm
     "$out/tiles" "$@" ;;
   forward)
-    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "$src"/attention.c "$src"/dispatch.c "$src"/threads.c \
-        "$src"/kernels_*.c "$here/forward.c" -o "$out/forward" -lm -lpthread
+    mapfile -t core < <(grep -v '^#' "$src/sources.txt" | sed "s|^|$src/|")
+    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/forward.c" -o "$out/forward" -lm -lpthread
     "$out/forward" "$@" ;;
   *) sed -n '2,9p' "$0"; exit 2 ;;
 esac
