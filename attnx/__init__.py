@@ -6,7 +6,7 @@ SIMD kernels chosen at run time.
 Public API
 ----------
 scaled_dot_product_attention  PyTorch's F.scaled_dot_product_attention, for NumPy
-MultiHeadAttention            the multi-head layer of the seeds (and of torch.nn)
+MultiHeadAttention            the Transformer's multi-head layer (as torch.nn's)
 causal_mask, padding_mask     the boolean masks (True = may attend)
 reference                     the same attention in float64 NumPy (a test oracle)
 plot_attention                heatmaps of attention weights (needs matplotlib: attnx[plot])

@@ -549,8 +549,9 @@ def scaled_dot_product_attention(
     tensor is read through its strides); float16/float64 are converted. The
     result is always a NumPy array.
 
-    Masks from other conventions (True/1 = *blocked*, as in seed 000 or
-    ``torch.nn.MultiheadAttention``; 0 = blocked as in seed 004): pass
+    Masks from other conventions (True/1 = *blocked*, as in PyTorch tutorials'
+    ``scores.masked_fill(mask == 1, -inf)`` or ``torch.nn.MultiheadAttention``;
+    0 = blocked, as in NumPy tutorials' ``np.where(mask == 0, -1e9, scores)``): pass
     ``attn_mask=(m == 0)``, ``attn_mask=~m`` or ``attn_mask=(m != 0)``; see
     :func:`attnx.causal_mask` and :func:`attnx.padding_mask` for building them.
 

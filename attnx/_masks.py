@@ -8,7 +8,7 @@ The C core applies the causal rule and the lengths itself
 (``is_causal=`` and ``key_lengths=``/``query_lengths=`` of
 :func:`attnx.scaled_dot_product_attention`), without building any mask; these
 helpers are for when an explicit mask is wanted (to combine with other masks,
-to plot, or to port code that builds one, such as the seeds' masks).
+to plot, or to port code that builds one, such as a Transformer tutorial's masks).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def causal_mask(Lq: SupportsIndex, Lk: Optional[SupportsIndex] = None, *,
     mask : ndarray of bool, shape (Lq, Lk)
         True = may attend (attnx / PyTorch SDPA convention). It broadcasts
         against the scores (B, H, Lq, Lk) as it is; combine with a padding mask
-        by ``&`` (seed 002's decoder mask). ``attn_mask=causal_mask(Lq, Lk)``
+        by ``&`` (a Transformer decoder's self-attention mask). ``attn_mask=causal_mask(Lq, Lk)``
         is the same as ``is_causal=True`` (and ``lower_right=True`` as
         ``is_causal="lower_right"``), which needs no mask in memory.
         With lower-right alignment and Lq > Lk the first Lq - Lk rows allow
@@ -109,7 +109,7 @@ def padding_mask(lengths: ArrayLike, L: SupportsIndex) -> NDArray[np.bool_]:
 
     Notes
     -----
-    To make seed 002's (B, 1, Lq, Lk) attention masks (True = may attend),
+    To make a Transformer tutorial's (B, 1, Lq, Lk) attention masks (True = may attend),
     with ``pm_q = padding_mask(query_lengths, Lq)`` and
     ``pm_k = padding_mask(key_lengths, Lk)``:
 

@@ -1,4 +1,4 @@
-"""``MultiHeadAttention``: the multi-head attention layer of seed 002 (and of torch.nn).
+"""``MultiHeadAttention``: the Transformer's multi-head attention layer (as torch.nn's).
 
     Q = query @ W_q + b_q        (B, Lq, H*d_head)  -> (B, Lq, H, d_head)
     K = key   @ W_k + b_k        (B, Lk, H*d_head)  -> (B, Lk, H, d_head)
@@ -90,13 +90,13 @@ def _to_numpy(t: Any, transpose: bool = False) -> NDArray[np.float32]:
 
 
 class MultiHeadAttention:
-    """Multi-head attention with NumPy weights, as in seed 002 and ``torch.nn.MultiheadAttention``.
+    """Multi-head attention with NumPy weights, the Transformer's layer (as ``torch.nn.MultiheadAttention``).
 
     ``out = concat(head_1, ..., head_H) @ W_o + b_o`` with
     ``head_h = softmax(Q_h K_hᵀ / sqrt(d_head) + mask) V_h`` and
     ``Q = query @ W_q + b_q``, ``K = key @ W_k + b_k``, ``V = value @ W_v + b_v``.
 
-    ``d_model`` need not be divisible by ``num_heads`` (seed 002: GloVe
+    ``d_model`` need not be divisible by ``num_heads`` (as in tutorials using GloVe
     embeddings have 50, 100, 200 or 300 features): the inputs are projected to
     ``H * d_head`` features and ``W_o`` maps the concatenated heads back to
     ``d_model``.
@@ -300,23 +300,23 @@ class MultiHeadAttention:
             bool, **True = may attend** (the opposite of
             ``torch.nn.MultiheadAttention``'s bool mask, where True = blocked),
             or float, added to the scores (-inf blocks). Broadcastable to
-            (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk) (seed 002's masks, see
+            (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk) (a Transformer tutorial's masks, see
             :func:`attnx.padding_mask`), (B, H, Lq, Lk). For unbatched inputs:
             (Lq, Lk) or (H, Lq, Lk). A 3-D mask with batched inputs is refused
             as ambiguous (it would broadcast as (H, Lq, Lk), while torch reads
-            (B*H, Lq, Lk) and seed code often means (B, Lq, Lk)): pass
+            (B*H, Lq, Lk) and tutorial code often means (B, Lq, Lk)): pass
             ``mask[:, None]`` for (B, Lq, Lk), ``mask[None]`` for (H, Lq, Lk).
         is_causal : bool or str
             True (or "upper_left"): query i sees keys j <= i. "lower_right":
             j <= i + Lk - Lq. Combined with the mask and the lengths by AND
-            (seed 002's causal AND padding).
+            (a Transformer decoder's causal AND padding).
         key_lengths : array_like of int, (B,) (a scalar when unbatched), optional
             Keys at positions >= key_lengths[b] are ignored: torch's
             ``key_padding_mask`` (True = pad) is ``arange(Lk) >= key_lengths[:, None]``.
         query_lengths : array_like of int, (B,), optional
             Query rows at positions >= query_lengths[b] attend to nothing: their
-            attention output is zero, so their result is ``b_o``. For seed
-            002's encoder mask (both tokens real) pass the same lengths as
+            attention output is zero, so their result is ``b_o``. For an
+            encoder's padding mask (both tokens real) pass the same lengths as
             ``key_lengths`` and ``query_lengths``.
         need_weights : bool
             Also return the attention weights.

@@ -2,8 +2,8 @@
  * a time: attnx_parallel(n, fn, arg) runs fn(arg, 0) on the caller and
  * fn(arg, t) for t = 1 .. n-1 on workers, and returns when all are done.
  *
- * Why a pool: creating a thread costs ~50 us here and waking an idle vCPU as
- * much again, which made two threads slower than one below L ~ 256. Workers
+ * Why a pool: creating a thread for every call, and waking an idle vCPU for
+ * it, costs tens of microseconds each, as much as a whole small problem. Workers
  * spin for a short while after each section (ATTNX_SPIN_US, default 100 us)
  * so that back-to-back calls find them awake, then sleep on a condition
  * variable.

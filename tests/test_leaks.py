@@ -1,4 +1,4 @@
-"""No leaks, and no crash when memory runs out (issue 5, item 5).
+"""No leaks, and no crash when memory runs out.
 
 * Reference counts of every argument (inputs, views and their bases, masks,
   lengths) are unchanged over thousands of calls, on the success paths and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzz attnx's Python API with atheris under ASan+UBSan for a bounded time
-# (issue 5, item 3):   tools/fuzz.sh [SECONDS=60]
+# Fuzz attnx's Python API with atheris under ASan+UBSan for a bounded time:
+#   tools/fuzz.sh [SECONDS=60]
 #
 # Builds the sanitized copy of the tree (tools/sanitize.sh --build), seeds the
 # fuzzer with tests/fuzz/corpus/, and runs tests/fuzz/fuzz_sdpa.py for SECONDS.

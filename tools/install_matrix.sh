@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/install_matrix.sh: attnx installs where users are (issue 5, item 6).
+# tools/install_matrix.sh: attnx installs where users are.
 #
 #   1. `python -m build` makes an sdist and a wheel (the wheel built from the sdist,
 #      so a file missing from the sdist breaks the build here, not on a user's machine);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# AddressSanitizer + UndefinedBehaviorSanitizer run of attnx (issue 5, item 1).
+# AddressSanitizer + UndefinedBehaviorSanitizer run of attnx.
 #
 #   tools/sanitize.sh            build a sanitized copy, run the C core test and
 #                                the whole pytest suite once per instruction set
