@@ -208,93 +208,133 @@ static void write_rows(const job *jb, const scratch *s, int64_t b, int64_t h, in
             repair_row(jb, b, h, i0 + i, s->m[i], s->l[i], out + i * p->out_sl);
 }
 
-// one item: queries i0 .. i0+BQ-1 of head (b, h), against one range of keys
-static void run_item(job *jb, scratch *s, int64_t item)
+/* One item's place in the problem: queries i0 .. i0+rows-1 of head (b, h),
+ * of which the first nq attend, to keys [0, kend) of key/value head hk. */
+typedef struct {
+    int64_t b, h, hk, i0, kend, offset;
+    int rows, nq;
+    float *out;           /* (rows, Dv) rows out_sl apart */
+    float *w;             /* (rows, Lk) C-contiguous, or NULL */
+    const float *k, *v;   /* the key/value head's first rows */
+} item_view;
+
+static item_view view_item(const job *jb, int64_t block)
+{
+    const attnx_problem *p = jb->p;
+    item_view it;
+    const int64_t qb = block % jb->nqb, bh = block / jb->nqb;
+    it.h = bh % p->Hq;
+    it.b = bh / p->Hq;
+    it.hk = it.h / (p->Hq / p->Hk);
+    it.i0 = qb * BQ;
+    it.rows = (int)min64(BQ, p->Lq - it.i0);
+    const head_bounds hb = bounds_of(p, it.b, it.h);
+    it.nq = (int)max64(0, min64(it.rows, hb.qlen - it.i0));
+    it.offset = hb.offset;
+    it.kend = keys_end(p, &hb, it.i0, it.nq);
+    it.out = p->out + it.b * p->out_sb + it.h * p->out_sh + it.i0 * p->out_sl;
+    it.w = p->weights ? p->weights + ((it.b * p->Hq + it.h) * p->Lq + it.i0) * p->Lk : NULL;
+    it.k = p->k.data + it.b * p->k.sb + it.hk * p->k.sh;
+    it.v = p->v.data + it.b * p->v.sb + it.hk * p->v.sh;
+    return it;
+}
+
+/* Zero what no tile writes: weights of keys past kend and of rows past nq;
+ * output rows past nq (their lse is -inf). */
+static void clear_unvisited(const job *jb, const item_view *it)
+{
+    const attnx_problem *p = jb->p;
+    if (it->w)
+        for (int i = 0; i < it->rows; i++) {
+            const int64_t from = i < it->nq ? it->kend : 0;
+            memset(it->w + i * p->Lk + from, 0, sizeof(float) * (size_t)(p->Lk - from));
+        }
+    for (int i = it->nq; i < it->rows; i++) {
+        memset(it->out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
+        write_lse(p, it->b, it->h, it->i0 + i, -INFINITY);
+    }
+}
+
+static void start_rows(const job *jb, const scratch *s, const item_view *it)
+{
+    const attnx_problem *p = jb->p;
+    pack_queries(jb, s, p->q.data + it->b * p->q.sb + it->h * p->q.sh + it->i0 * p->q.sl, it->nq);
+    for (int i = 0; i < BQ; i++) { s->m[i] = -INFINITY; s->l[i] = 0.0f; }
+    memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->ldacc);
+}
+
+/* The online softmax over keys [kbeg, kstop): the output rows, or with split-K
+ * the partial m | l | acc that merge_partials() combines. */
+static void online_item(const job *jb, const scratch *s, const item_view *it, int64_t kbeg,
+                        int64_t kstop, float *part)
 {
     const attnx_problem *p = jb->p;
     const attnx_kernels *kt = jb->kt;
-    const int64_t split = item % jb->nsplit, block = item / jb->nsplit;
-    const int64_t qb = block % jb->nqb, bh = block / jb->nqb;
-    const int64_t h = bh % p->Hq, b = bh / p->Hq;
-    const int64_t hk = h / (p->Hq / p->Hk);
-    const int64_t i0 = qb * BQ;
-    const int rows = (int)min64(BQ, p->Lq - i0);
-
-    const head_bounds hb = bounds_of(p, b, h);
-    const int nq = (int)max64(0, min64(rows, hb.qlen - i0));  /* rows that attend */
-    const int64_t offset = hb.offset;
-    const int64_t kend = keys_end(p, &hb, i0, nq);            /* keys visited: [0, kend) */
-
-    float *out = p->out + b * p->out_sb + h * p->out_sh + i0 * p->out_sl;
-    float *w = p->weights ? p->weights + ((b * p->Hq + h) * p->Lq + i0) * p->Lk : NULL;
-    if (w) {   /* zero what no tile will write: keys past kend, rows past nq */
-        for (int i = 0; i < rows; i++) {
-            const int64_t from = i < nq ? kend : 0;
-            memset(w + i * p->Lk + from, 0, sizeof(float) * (size_t)(p->Lk - from));
-        }
+    const int nq = it->nq;
+    start_rows(jb, s, it);
+    for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
+        const int nk = (int)min64(BK, kstop - j0);
+        tile_scores(jb, s, it->b, it->h, it->k, it->i0, nq, j0, nk, it->offset);
+        kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
+        kt->pv(s->st, BQ, nq, it->v + j0 * p->v.sl, p->v.sl, nk, p->Dv, s->alpha, s->acc,
+               jb->ldacc);
     }
-    if (split == 0)
-        for (int i = nq; i < rows; i++) {
-            memset(out + i * p->out_sl, 0, sizeof(float) * (size_t)p->Dv);
-            write_lse(p, b, h, i0 + i, -INFINITY);
-        }
-
-    /* split-K: this item's range of keys, and where its partial result goes */
-    int64_t kbeg = 0, kstop = kend;
-    float *part = NULL;
-    if (jb->nsplit > 1) {
-        kbeg = split * jb->kchunk;
-        kstop = min64(kend, kbeg + jb->kchunk);
-        part = jb->partial + item * (2 * BQ + BQ * jb->ldacc);
-        for (int i = 0; i < BQ; i++) { part[i] = -INFINITY; part[BQ + i] = 0.0f; }
-    }
-    if (nq == 0 || (part && kbeg >= kstop)) return;
-
-    pack_queries(jb, s, p->q.data + b * p->q.sb + h * p->q.sh + i0 * p->q.sl, nq);
-    for (int i = 0; i < BQ; i++) { s->m[i] = -INFINITY; s->l[i] = 0.0f; }
-    memset(s->acc, 0, sizeof(float) * (size_t)nq * (size_t)jb->ldacc);
-
-    const float *k = p->k.data + b * p->k.sb + hk * p->k.sh;
-    const float *v = p->v.data + b * p->v.sb + hk * p->v.sh;
-    if (!w) {
-        for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
-            const int nk = (int)min64(BK, kstop - j0);
-            tile_scores(jb, s, b, h, k, i0, nq, j0, nk, offset);
-            kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
-            kt->pv(s->st, BQ, nq, v + j0 * p->v.sl, p->v.sl, nk, p->Dv, s->alpha, s->acc, jb->ldacc);
-        }
-        if (part) {                          /* merged by merge_partials() */
-            memcpy(part, s->m, sizeof(float) * (size_t)nq);
-            memcpy(part + BQ, s->l, sizeof(float) * (size_t)nq);
-            memcpy(part + 2 * BQ, s->acc, sizeof(float) * (size_t)nq * (size_t)jb->ldacc);
-            return;
-        }
-        write_rows(jb, s, b, h, i0, nq, out, 1);
+    if (!part) {
+        write_rows(jb, s, it->b, it->h, it->i0, nq, it->out, 1);
         return;
     }
+    memcpy(part, s->m, sizeof(float) * (size_t)nq);
+    memcpy(part + BQ, s->l, sizeof(float) * (size_t)nq);
+    memcpy(part + 2 * BQ, s->acc, sizeof(float) * (size_t)nq * (size_t)jb->ldacc);
+}
 
-    /* need_weights: pass 1 finds each row's max and sum, pass 2 writes the
-     * exact probabilities and accumulates the output from them. */
-    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-        const int nk = (int)min64(BK, kend - j0);
-        tile_scores(jb, s, b, h, k, i0, nq, j0, nk, offset);
+/* need_weights: pass 1 finds each row's max and sum, pass 2 writes the exact
+ * probabilities and accumulates the output from them. */
+static void weights_item(const job *jb, const scratch *s, const item_view *it)
+{
+    const attnx_problem *p = jb->p;
+    const attnx_kernels *kt = jb->kt;
+    const int nq = it->nq;
+    start_rows(jb, s, it);
+    for (int64_t j0 = 0; j0 < it->kend; j0 += BK) {
+        const int nk = (int)min64(BK, it->kend - j0);
+        tile_scores(jb, s, it->b, it->h, it->k, it->i0, nq, j0, nk, it->offset);
         kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
     }
     float *inv_l = s->alpha;
     for (int i = 0; i < BQ; i++)      /* a NaN sum gives a NaN inverse: it propagates */
         inv_l[i] = (i < nq && s->l[i] != 0.0f) ? 1.0f / s->l[i] : 0.0f;
-    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-        const int nk = (int)min64(BK, kend - j0);
-        tile_scores(jb, s, b, h, k, i0, nq, j0, nk, offset);
+    for (int64_t j0 = 0; j0 < it->kend; j0 += BK) {
+        const int nk = (int)min64(BK, it->kend - j0);
+        tile_scores(jb, s, it->b, it->h, it->k, it->i0, nq, j0, nk, it->offset);
         kt->softmax_final(s->st, BQ, nq, nk, s->m, inv_l);
         for (int i = 0; i < nq; i++)         /* transpose: contiguous stores, reads in L1 */
-            for (int j = 0; j < nk; j++) w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
-        kt->pv(s->st, BQ, nq, v + j0 * p->v.sl, p->v.sl, nk, p->Dv, NULL, s->acc, jb->ldacc);
+            for (int j = 0; j < nk; j++) it->w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
+        kt->pv(s->st, BQ, nq, it->v + j0 * p->v.sl, p->v.sl, nk, p->Dv, NULL, s->acc, jb->ldacc);
     }
-    write_rows(jb, s, b, h, i0, nq, out, 0);
+    write_rows(jb, s, it->b, it->h, it->i0, nq, it->out, 0);
     for (int i = 0; i < nq; i++)
         if (s->l[i] != s->l[i])            /* a NaN row is NaN throughout, skipped keys too */
-            for (int64_t j = 0; j < p->Lk; j++) w[i * p->Lk + j] = NAN;
+            for (int64_t j = 0; j < p->Lk; j++) it->w[i * p->Lk + j] = NAN;
+}
+
+// one item: queries i0 .. i0+BQ-1 of head (b, h), against one range of keys
+static void run_item(job *jb, scratch *s, int64_t item)
+{
+    const int64_t split = item % jb->nsplit;
+    const item_view it = view_item(jb, item / jb->nsplit);
+    if (split == 0) clear_unvisited(jb, &it);
+    if (jb->nsplit == 1) {
+        if (it.nq == 0) return;
+        if (it.w) weights_item(jb, s, &it);
+        else online_item(jb, s, &it, 0, it.kend, NULL);
+        return;
+    }
+    /* split-K: this item's range of keys, and where its partial result goes */
+    const int64_t kbeg = split * jb->kchunk, kstop = min64(it.kend, kbeg + jb->kchunk);
+    float *part = jb->partial + item * (2 * BQ + BQ * jb->ldacc);
+    for (int i = 0; i < BQ; i++) { part[i] = -INFINITY; part[BQ + i] = 0.0f; }
+    if (it.nq > 0 && kbeg < kstop) online_item(jb, s, &it, kbeg, kstop, part);
 }
 
 /* Split-K: combine the nsplit partial softmaxes of each query row,
@@ -442,6 +482,70 @@ static void *alloc_floats(size_t n)
     return aligned_alloc(64, bytes ? bytes : 64);
 }
 
+/* The threads a call uses: as asked, but one for small problems. */
+static int threads_for(const attnx_problem *p, double flops_per_unit, double min_flops)
+{
+    const int nt = p->num_threads > 0 ? p->num_threads : attnx_get_num_threads();
+    const double flops = flops_per_unit * (double)p->B * (double)p->Hq * (double)p->Lq
+                         * (double)p->Lk * (double)(p->D > 0 ? p->D : 1);
+    return flops < min_flops ? 1 : nt;
+}
+
+/* Scores are scale·q·k. The queries are packed pre-scaled, which cannot
+ * overflow when |scale| <= 1; a larger scale is applied to the scores instead,
+ * so that any scale whose scores fit in float32 works. */
+static void split_scale(job *jb, float scale)
+{
+    jb->pre_scale = fabsf(scale) > 1.0f ? 1.0f : scale;
+    jb->post_scale = fabsf(scale) > 1.0f ? scale : 1.0f;
+}
+
+/* The forward's plan: items, split-K (when too few query blocks keep every
+ * thread busy: decoding, Lq of 1 to a few against long Lk; never for the
+ * weights), and the threads that run them. Returns the thread count. */
+static int plan_forward(job *jb, int nt)
+{
+    const attnx_problem *p = jb->p;
+    const int64_t blocks = p->B * p->Hq * jb->nqb;
+    jb->nsplit = 1;
+    jb->kchunk = p->Lk;
+    if (nt > 1 && !p->weights && blocks < 4 * (int64_t)nt && p->Lk >= 4 * BK) {
+        int64_t want = (4 * (int64_t)nt + blocks - 1) / blocks;    /* ~4 items a thread */
+        const int64_t tiles = (p->Lk + BK - 1) / BK;
+        if (want > tiles / 2) want = tiles / 2;                    /* >= 2 tiles an item */
+        jb->kchunk = (tiles + want - 1) / want * BK;
+        jb->nsplit = (p->Lk + jb->kchunk - 1) / jb->kchunk;
+    }
+    jb->n_items = blocks * jb->nsplit;
+    if (nt > jb->n_items) nt = (int)jb->n_items;
+    return nt < 1 ? 1 : nt;
+}
+
+/* Per thread: qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ);
+ * thread 0 uses the calling thread's cached buffer. */
+static attnx_status alloc_scratch(job *jb, int nt)
+{
+    const attnx_problem *p = jb->p;
+    size_t per;
+    if (!mul_ok((size_t)p->D + BK + (size_t)jb->ldacc + 3, BQ, &per)) return ATTNX_ERR_OVERFLOW;
+    if (!(jb->scr = calloc((size_t)nt, sizeof(scratch)))) return ATTNX_ERR_NOMEM;
+    for (int t = 0; t < nt; t++) {
+        float *base = t == 0 ? caller_buffer(per) : alloc_floats(per);
+        if (!base) {
+            free_scratch(jb->scr, t);
+            return ATTNX_ERR_NOMEM;
+        }
+        scratch *s = &jb->scr[t];
+        s->qt = base;
+        s->st = s->qt + (size_t)p->D * BQ;
+        s->acc = s->st + (size_t)BK * BQ;
+        s->m = s->acc + (size_t)jb->ldacc * BQ;
+        s->l = s->m + BQ;
+        s->alpha = s->l + BQ;
+    }
+    return ATTNX_OK;
+}
+
 attnx_status attnx_forward(const attnx_problem *p)
 {
     attnx_status st = validate(p);
@@ -450,61 +554,22 @@ attnx_status attnx_forward(const attnx_problem *p)
         return ATTNX_OK;
 
     job jb;
+    memset(&jb, 0, sizeof jb);
     jb.p = p;
     jb.kt = attnx_active_kernels();
     jb.nqb = (p->Lq + BQ - 1) / BQ;
     jb.ldacc = ATTNX_ROUND16(p->Dv);
-    jb.partial = NULL;
-    /* Scores are scale·q·k. The queries are packed pre-scaled, which cannot
-     * overflow when |scale| <= 1; a larger scale is applied to the scores
-     * instead, so that any scale whose scores fit in float32 works. */
-    jb.pre_scale = fabsf(p->scale) > 1.0f ? 1.0f : p->scale;
-    jb.post_scale = fabsf(p->scale) > 1.0f ? p->scale : 1.0f;
+    split_scale(&jb, p->scale);
     atomic_init(&jb.next, 0);
-
-    /* threads: as asked, but one for small problems */
-    int nt = p->num_threads > 0 ? p->num_threads : attnx_get_num_threads();
-    const double flops = 4.0 * (double)p->B * (double)p->Hq * (double)p->Lq * (double)p->Lk
-                         * (double)(p->D > 0 ? p->D : 1);
-    if (flops < 2e6) nt = 1;
-
-    /* Split-K when there are too few query blocks to keep every thread busy
-     * (decoding: Lq of 1 to a few, long Lk), and never for the weights. */
-    const int64_t blocks = p->B * p->Hq * jb.nqb;
-    jb.nsplit = 1;
-    jb.kchunk = p->Lk;
-    if (nt > 1 && !p->weights && blocks < 4 * (int64_t)nt && p->Lk >= 4 * BK) {
-        int64_t want = (4 * (int64_t)nt + blocks - 1) / blocks;    /* ~4 items a thread */
-        const int64_t tiles = (p->Lk + BK - 1) / BK;
-        if (want > tiles / 2) want = tiles / 2;                    /* >= 2 tiles an item */
-        jb.kchunk = (tiles + want - 1) / want * BK;
-        jb.nsplit = (p->Lk + jb.kchunk - 1) / jb.kchunk;
-    }
-    jb.n_items = blocks * jb.nsplit;
-    if (nt > jb.n_items) nt = (int)jb.n_items;
-    if (nt < 1) nt = 1;
+    const int nt = plan_forward(&jb, threads_for(p, 4.0, 2e6));
     if (jb.nsplit > 1) {
         size_t n;
         if (!mul_ok((size_t)jb.n_items, 2 * BQ + BQ * (size_t)jb.ldacc, &n)) return ATTNX_ERR_OVERFLOW;
-        jb.partial = alloc_floats(n);
-        if (!jb.partial) return ATTNX_ERR_NOMEM;
+        if (!(jb.partial = alloc_floats(n))) return ATTNX_ERR_NOMEM;
     }
-
-    /* per thread: qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ) */
-    size_t per;
-    if (!mul_ok((size_t)p->D + BK + (size_t)jb.ldacc + 3, BQ, &per)) return ATTNX_ERR_OVERFLOW;
-    jb.scr = calloc((size_t)nt, sizeof(scratch));
-    if (!jb.scr) { free(jb.partial); return ATTNX_ERR_NOMEM; }
-    for (int t = 0; t < nt; t++) {
-        float *base = t == 0 ? caller_buffer(per) : alloc_floats(per);
-        if (!base) { free_scratch(jb.scr, t); free(jb.partial); return ATTNX_ERR_NOMEM; }
-        scratch *s = &jb.scr[t];
-        s->qt = base;
-        s->st = s->qt + (size_t)p->D * BQ;
-        s->acc = s->st + (size_t)BK * BQ;
-        s->m = s->acc + (size_t)jb.ldacc * BQ;
-        s->l = s->m + BQ;
-        s->alpha = s->l + BQ;
+    if ((st = alloc_scratch(&jb, nt)) != ATTNX_OK) {
+        free(jb.partial);
+        return st;
     }
     attnx_parallel(nt, worker, &jb);
     if (jb.nsplit > 1) merge_partials(&jb);
@@ -727,6 +792,34 @@ static void bwd_plan(bjob *bj, int nt)
     bj->n_items = heads * bj->nsplit;
 }
 
+/* Per thread: qt (D, BQ) | dot (Dv, BQ) | st, dpt (BK, BQ) | dqacc (BQ, ldqa) |
+ * lse, dvec, ones (BQ). *bufs receives the nt buffers (freed by the caller). */
+static attnx_status alloc_bscratch(bjob *bj, int nt, float ***bufs)
+{
+    const attnx_problem *p = bj->base.p;
+    size_t per;
+    if (!mul_ok((size_t)p->D + (size_t)p->Dv + 2 * BK + (size_t)bj->ldqa + 4, BQ, &per))
+        return ATTNX_ERR_OVERFLOW;
+    bj->scr = calloc((size_t)nt, sizeof(bscratch));
+    *bufs = calloc((size_t)nt, sizeof(float *));
+    if (!bj->scr || !*bufs) return ATTNX_ERR_NOMEM;
+    for (int t = 0; t < nt; t++) {
+        float *x = (*bufs)[t] = alloc_floats(per);
+        if (!x) return ATTNX_ERR_NOMEM;
+        bscratch *s = &bj->scr[t];
+        s->qt = x;
+        s->dot = s->qt + (size_t)p->D * BQ;
+        s->st = s->dot + (size_t)p->Dv * BQ;
+        s->dpt = s->st + (size_t)BK * BQ;
+        s->dqacc = s->dpt + (size_t)BK * BQ;
+        s->lse = s->dqacc + (size_t)bj->ldqa * BQ;
+        s->dvec = s->lse + BQ;
+        s->ones = s->dvec + BQ;
+        for (int i = 0; i < BQ; i++) s->ones[i] = 1.0f;
+    }
+    return ATTNX_OK;
+}
+
 attnx_status attnx_backward(const attnx_grad_problem *g)
 {
     attnx_status st = validate_grad(g);
@@ -739,17 +832,13 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
     bj.base.p = p;
     bj.base.kt = attnx_active_kernels();
     bj.base.nqb = (p->Lq + BQ - 1) / BQ;
-    bj.base.pre_scale = fabsf(p->scale) > 1.0f ? 1.0f : p->scale;
-    bj.base.post_scale = fabsf(p->scale) > 1.0f ? p->scale : 1.0f;
+    split_scale(&bj.base, p->scale);
     bj.g = g;
     bj.group = p->Hq / p->Hk;
     bj.ldqa = ATTNX_ROUND16(p->D);
     atomic_init(&bj.next, 0);
 
-    int nt = p->num_threads > 0 ? p->num_threads : attnx_get_num_threads();
-    const double flops = 10.0 * (double)p->B * (double)p->Hq * (double)p->Lq * (double)p->Lk
-                         * (double)(p->D > 0 ? p->D : 1);
-    if (flops < 5e6) nt = 1;
+    int nt = threads_for(p, 10.0, 5e6);
     bwd_plan(&bj, nt);
     if (nt > bj.n_items) nt = (int)bj.n_items;
     if (nt < 1) nt = 1;
@@ -759,28 +848,8 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
             return ATTNX_ERR_OVERFLOW;
         if (!(bj.partial = alloc_floats(n))) return ATTNX_ERR_NOMEM;
     }
-    /* per thread: qt (D, BQ) | dot (Dv, BQ) | st, dpt (BK, BQ) | dqacc (BQ, ldqa) | 3 × (BQ) */
-    size_t per;
-    if (!mul_ok((size_t)p->D + (size_t)p->Dv + 2 * BK + (size_t)bj.ldqa + 4, BQ, &per))
-        return free(bj.partial), ATTNX_ERR_OVERFLOW;
-    bj.scr = calloc((size_t)nt, sizeof(bscratch));
-    float **bufs = calloc((size_t)nt, sizeof(float *));
-    int ok = bj.scr && bufs;
-    for (int t = 0; ok && t < nt; t++) {
-        float *x = bufs[t] = alloc_floats(per);
-        if (!x) { ok = 0; break; }
-        bscratch *s = &bj.scr[t];
-        s->qt = x;
-        s->dot = s->qt + (size_t)p->D * BQ;
-        s->st = s->dot + (size_t)p->Dv * BQ;
-        s->dpt = s->st + (size_t)BK * BQ;
-        s->dqacc = s->dpt + (size_t)BK * BQ;
-        s->lse = s->dqacc + (size_t)bj.ldqa * BQ;
-        s->dvec = s->lse + BQ;
-        s->ones = s->dvec + BQ;
-        for (int i = 0; i < BQ; i++) s->ones[i] = 1.0f;
-    }
-    if (ok) {
+    float **bufs = NULL;
+    if ((st = alloc_bscratch(&bj, nt, &bufs)) == ATTNX_OK) {
         attnx_parallel(nt, bwd_worker, &bj);
         if (bj.nsplit > 1) bwd_merge_dq(&bj);
     }
@@ -788,5 +857,5 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
     free(bufs);
     free(bj.scr);
     free(bj.partial);
-    return ok ? ATTNX_OK : ATTNX_ERR_NOMEM;
+    return st;
 }
