@@ -396,7 +396,7 @@ static int mul_ok(size_t a, size_t b, size_t *r)
     return 1;
 }
 
-static attnx_status check_lengths(const int64_t *len, int64_t sb, int64_t sh, int64_t B,
+static attnx_status validate_lengths(const int64_t *len, int64_t sb, int64_t sh, int64_t B,
                                   int64_t H, int64_t limit)
 {
     if (!len) return ATTNX_OK;
@@ -424,8 +424,8 @@ static attnx_status validate(const attnx_problem *p)
         if (p->Lk > 0 && ((!p->k.data && p->D > 0) || (!p->v.data && p->Dv > 0))) return ATTNX_ERR_NULL;
         if (p->mask_kind != ATTNX_MASK_NONE && !p->mask && p->Lk > 0) return ATTNX_ERR_NULL;
     }
-    attnx_status st = check_lengths(p->key_lengths, p->kl_sb, p->kl_sh, p->B, p->Hq, p->Lk);
-    if (st == ATTNX_OK) st = check_lengths(p->query_lengths, p->ql_sb, p->ql_sh, p->B, p->Hq, p->Lq);
+    attnx_status st = validate_lengths(p->key_lengths, p->kl_sb, p->kl_sh, p->B, p->Hq, p->Lk);
+    if (st == ATTNX_OK) st = validate_lengths(p->query_lengths, p->ql_sb, p->ql_sh, p->B, p->Hq, p->Lq);
     if (st != ATTNX_OK) return st;
     size_t n;   /* every element count the core indexes must fit in size_t bytes */
     if (!mul_ok((size_t)p->B, (size_t)p->Hq, &n) || !mul_ok(n, (size_t)p->Lq, &n) ||

@@ -87,7 +87,7 @@ static int64_t estride(PyObject *a, int axis)
 }
 
 /* Lengths: int64, shape (B, H), any strides. */
-static int check_lengths(PyObject *obj, const char *name, npy_intp B, npy_intp H)
+static int check_lengths_array(PyObject *obj, const char *name, npy_intp B, npy_intp H)
 {
     if (!PyArray_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray or None, not %.200s", name,
@@ -126,6 +126,55 @@ PyDoc_STRVAR(forward_doc,
 "lengths None or int64 (B,Hq); causal 0 none, 1 upper-left, 2 lower-right.\n"
 "Use attnx.scaled_dot_product_attention instead.");
 
+/* A checked 4-D float32 array as the core reads it: data and element strides. */
+static attnx_tensor tensor_of(PyObject *a)
+{
+    attnx_tensor t = {PyArray_DATA((PyArrayObject *)a), estride(a, 0), estride(a, 1), estride(a, 2)};
+    return t;
+}
+
+/* A bool or float32 mask, 4-D, broadcast along any axis (stride 0), the last included. */
+static int fill_mask(attnx_problem *p, PyObject *mask, const npy_intp full[4])
+{
+    if (!PyArray_Check(mask)) {
+        PyErr_Format(PyExc_TypeError, "mask must be a numpy.ndarray or None, not %.200s",
+                     Py_TYPE(mask)->tp_name);
+        return 0;
+    }
+    const int mt = PyArray_TYPE((PyArrayObject *)mask);
+    if ((mt != NPY_BOOL && mt != NPY_FLOAT32) || !PyArray_ISNOTSWAPPED((PyArrayObject *)mask)) {
+        PyErr_Format(PyExc_TypeError, "mask must have dtype bool or float32 (native byte order), not %S",
+                     (PyObject *)PyArray_DESCR((PyArrayObject *)mask));
+        return 0;
+    }
+    /* a mask may be broadcast along any axis, the last included */
+    PyArrayObject *m = (PyArrayObject *)mask;
+    if (PyArray_NDIM(m) != 4) {
+        PyErr_Format(PyExc_ValueError, "mask must be 4-D, got %d-D", PyArray_NDIM(m));
+        return 0;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (PyArray_DIM(m, i) != full[i]) {
+            PyErr_Format(PyExc_ValueError, "mask must have shape (%zd, %zd, %zd, %zd)",
+                         full[0], full[1], full[2], full[3]);
+            return 0;
+        }
+        if (PyArray_STRIDE(m, i) % PyArray_ITEMSIZE(m)) {
+            PyErr_SetString(PyExc_ValueError, "mask strides must be whole elements");
+            return 0;
+        }
+    }
+    if (!PyArray_ISALIGNED(m)) {
+        PyErr_SetString(PyExc_ValueError, "mask data is not aligned");
+        return 0;
+    }
+    p->mask_kind = mt == NPY_BOOL ? ATTNX_MASK_BOOL : ATTNX_MASK_FLOAT;
+    p->mask = PyArray_DATA(m);
+    p->mask_sb = estride(mask, 0); p->mask_sh = estride(mask, 1);
+    p->mask_sq = estride(mask, 2); p->mask_sk = estride(mask, 3);
+    return 1;
+}
+
 /* Check the forward's arrays and fill p (out: writeable when out_writeable). 0 on error. */
 static int fill_problem(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v, PyObject *out,
                         int out_writeable, PyObject *weights, PyObject *mask, PyObject *kl,
@@ -155,61 +204,21 @@ static int fill_problem(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v,
     attnx_problem pp;
     memset(&pp, 0, sizeof pp);
     pp.B = B; pp.Hq = Hq; pp.Hk = Hk; pp.Lq = Lq; pp.Lk = Lk; pp.D = E; pp.Dv = Ev;
-    pp.q.data = PyArray_DATA((PyArrayObject *)q);
-    pp.q.sb = estride(q, 0); pp.q.sh = estride(q, 1); pp.q.sl = estride(q, 2);
-    pp.k.data = PyArray_DATA((PyArrayObject *)k);
-    pp.k.sb = estride(k, 0); pp.k.sh = estride(k, 1); pp.k.sl = estride(k, 2);
-    pp.v.data = PyArray_DATA((PyArrayObject *)v);
-    pp.v.sb = estride(v, 0); pp.v.sh = estride(v, 1); pp.v.sl = estride(v, 2);
+    pp.q = tensor_of(q);
+    pp.k = tensor_of(k);
+    pp.v = tensor_of(v);
     pp.out = PyArray_DATA((PyArrayObject *)out);
     pp.out_sb = estride(out, 0); pp.out_sh = estride(out, 1); pp.out_sl = estride(out, 2);
     pp.weights = weights == Py_None ? NULL : PyArray_DATA((PyArrayObject *)weights);
 
-    if (mask != Py_None) {
-        if (!PyArray_Check(mask)) {
-            PyErr_Format(PyExc_TypeError, "mask must be a numpy.ndarray or None, not %.200s",
-                         Py_TYPE(mask)->tp_name);
-            return 0;
-        }
-        const int mt = PyArray_TYPE((PyArrayObject *)mask);
-        if ((mt != NPY_BOOL && mt != NPY_FLOAT32) || !PyArray_ISNOTSWAPPED((PyArrayObject *)mask)) {
-            PyErr_Format(PyExc_TypeError, "mask must have dtype bool or float32 (native byte order), not %S",
-                         (PyObject *)PyArray_DESCR((PyArrayObject *)mask));
-            return 0;
-        }
-        /* a mask may be broadcast along any axis, the last included */
-        PyArrayObject *m = (PyArrayObject *)mask;
-        if (PyArray_NDIM(m) != 4) {
-            PyErr_Format(PyExc_ValueError, "mask must be 4-D, got %d-D", PyArray_NDIM(m));
-            return 0;
-        }
-        for (int i = 0; i < 4; i++) {
-            if (PyArray_DIM(m, i) != full[i]) {
-                PyErr_Format(PyExc_ValueError, "mask must have shape (%zd, %zd, %zd, %zd)",
-                             full[0], full[1], full[2], full[3]);
-                return 0;
-            }
-            if (PyArray_STRIDE(m, i) % PyArray_ITEMSIZE(m)) {
-                PyErr_SetString(PyExc_ValueError, "mask strides must be whole elements");
-                return 0;
-            }
-        }
-        if (!PyArray_ISALIGNED(m)) {
-            PyErr_SetString(PyExc_ValueError, "mask data is not aligned");
-            return 0;
-        }
-        pp.mask_kind = mt == NPY_BOOL ? ATTNX_MASK_BOOL : ATTNX_MASK_FLOAT;
-        pp.mask = PyArray_DATA(m);
-        pp.mask_sb = estride(mask, 0); pp.mask_sh = estride(mask, 1);
-        pp.mask_sq = estride(mask, 2); pp.mask_sk = estride(mask, 3);
-    }
+    if (mask != Py_None && !fill_mask(&pp, mask, full)) return 0;
     if (kl != Py_None) {
-        if (!check_lengths(kl, "key_lengths", B, Hq)) return 0;
+        if (!check_lengths_array(kl, "key_lengths", B, Hq)) return 0;
         pp.key_lengths = PyArray_DATA((PyArrayObject *)kl);
         pp.kl_sb = estride(kl, 0); pp.kl_sh = estride(kl, 1);
     }
     if (ql != Py_None) {
-        if (!check_lengths(ql, "query_lengths", B, Hq)) return 0;
+        if (!check_lengths_array(ql, "query_lengths", B, Hq)) return 0;
         pp.query_lengths = PyArray_DATA((PyArrayObject *)ql);
         pp.ql_sb = estride(ql, 0); pp.ql_sh = estride(ql, 1);
     }
@@ -288,11 +297,8 @@ static PyObject *py_backward(PyObject *self, PyObject *args)
     attnx_problem *p = &g.f;
     const npy_intp oshape[4] = {p->B, p->Hq, p->Lq, p->Dv};
     if (!check_array(dout, "dout", NPY_FLOAT32, oshape, 0, 0) || !fill_lse(p, lse, 0)) return NULL;
-    g.o = p->q;  /* placeholder types: o and dout are read-only tensors */
-    g.o.data = PyArray_DATA((PyArrayObject *)o);
-    g.o.sb = estride(o, 0); g.o.sh = estride(o, 1); g.o.sl = estride(o, 2);
-    g.dout.data = PyArray_DATA((PyArrayObject *)dout);
-    g.dout.sb = estride(dout, 0); g.dout.sh = estride(dout, 1); g.dout.sl = estride(dout, 2);
+    g.o = tensor_of(o);
+    g.dout = tensor_of(dout);
     g.lse = p->lse; g.lse_sb = p->lse_sb; g.lse_sh = p->lse_sh; g.lse_sl = p->lse_sl;
     p->lse = NULL;
     /* f.out points at o (validate wants it); the backward never writes it */
