@@ -307,116 +307,134 @@ def _core_calls(p: _Prepared, out: NDArray[Any], weights: Optional[NDArray[Any]]
         yield _CoreCall(q, k, v, m, kl, ql, o, w, l4)
 
 
-def _prepare(query: object, key: object, value: object, attn_mask: object, dropout_p: object,
-             is_causal: object, scale: object, enable_gqa: bool, layout: object,
-             key_lengths: object, query_lengths: object,
-             dtype: type[np.floating[Any]]) -> _Prepared:
-    """Check and normalise the public arguments (see scaled_dot_product_attention)."""
-    enable_gqa = _check_flag(enable_gqa, "enable_gqa")
+def _core_layout(query: object, key: object, value: object, layout: object,
+                 dtype: type[np.floating[Any]]) -> Tuple[NDArray[Any], ...]:
+    """The inputs converted to ``dtype`` as (lead..., H, L, E) views (blhd swapped,
+    2-D given a leading axis), and the converted inputs as passed (for messages)."""
     q = q0 = _as_float(query, "query", dtype)
     k = k0 = _as_float(key, "key", dtype)
     v = v0 = _as_float(value, "value", dtype)
-
     if layout not in ("bhld", "blhd"):
         raise ValueError(f'layout must be "bhld" or "blhd"; got {layout!r}')
     if not (q.ndim == k.ndim == v.ndim):
         raise ValueError(
             f"query, key and value must have the same number of dimensions; got "
             f"query {_shape(q)}, key {_shape(k)}, value {_shape(v)}")
-    nd = q.ndim
-    if nd < 2:
+    if q.ndim < 2:
         raise ValueError(f"query, key and value must be at least 2-D (L, E); got query {_shape(q)}")
     if layout == "blhd":
-        if nd < 3:
+        if q.ndim < 3:
             raise ValueError(f'layout="blhd" needs (B..., L, H, E) inputs, at least 3-D; got query {_shape(q)}')
         q, k, v = (np.swapaxes(a, -2, -3) for a in (q, k, v))
-    if nd == 2:
+    if q.ndim == 2:
         q, k, v = q[None], k[None], v[None]
+    return q, k, v, q0, k0, v0
 
-    # q: (lead..., Hq, Lq, E)  k: (lead..., Hk, Lk, E)  v: (lead..., Hk, Lk, Ev)
-    Hq, Lq, E = q.shape[-3:]
+
+def _check_shapes(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], originals: Tuple[NDArray[Any], ...],
+                  enable_gqa: bool, three_d: bool) -> None:
+    """q (lead..., Hq, Lq, E), k (lead..., Hk, Lk, E), v (lead..., Hk, Lk, Ev) agree."""
+    Hq, E = q.shape[-3], q.shape[-1]
     Hk, Lk, Ek = k.shape[-3:]
-    Hv, Lv, Ev = v.shape[-3:]
-    batch_shape = q.shape[:-3]
-
-    def shapes() -> str:
-        return f"query {_shape(q0)}, key {_shape(k0)}, value {_shape(v0)}"
-
-    if k.shape[:-3] != batch_shape or v.shape[:-3] != batch_shape:
-        raise ValueError(f"query, key and value must have the same batch dimensions; got {shapes()}")
+    Hv, Lv = v.shape[-3:-1]
+    shapes = "query {}, key {}, value {}".format(*(_shape(a) for a in originals))
+    if k.shape[:-3] != q.shape[:-3] or v.shape[:-3] != q.shape[:-3]:
+        raise ValueError(f"query, key and value must have the same batch dimensions; got {shapes}")
     if Ek != E:
-        raise ValueError(f"query and key must have the same last dimension E; got {shapes()}")
+        raise ValueError(f"query and key must have the same last dimension E; got {shapes}")
     if Lv != Lk or Hv != Hk:
-        raise ValueError(f"key and value must have the same heads and length; got {shapes()}")
+        raise ValueError(f"key and value must have the same heads and length; got {shapes}")
     if Hq != Hk:
         if not enable_gqa:
             raise ValueError(
                 f"query has N={Hq} but key/value have N={Hk}: for 3-D (N, L, E) inputs the first "
                 f"axis N (the batch, or the heads) must match; grouped-query attention "
-                f"(enable_gqa=True) is for 4-D (B, H, L, E) inputs; got {shapes()}"
-                if nd == 3 and layout == "bhld" else
+                f"(enable_gqa=True) is for 4-D (B, H, L, E) inputs; got {shapes}"
+                if three_d else
                 f"query has {Hq} heads but key/value have {Hk}; pass enable_gqa=True for "
-                f"grouped-query attention; got {shapes()}")
+                f"grouped-query attention; got {shapes}")
         if Hk == 0 or Hq % Hk:
             raise ValueError(
-                f"enable_gqa needs query heads ({Hq}) to be a multiple of key/value heads ({Hk}); got {shapes()}")
+                f"enable_gqa needs query heads ({Hq}) to be a multiple of key/value heads ({Hk}); got {shapes}")
 
+
+def _causal_code(is_causal: object) -> int:
+    """is_causal as the core's code: 0 none, 1 upper-left, 2 lower-right."""
+    if isinstance(is_causal, (bool, np.bool_)):
+        return _CAUSAL[bool(is_causal)]
+    if isinstance(is_causal, str) and is_causal in _CAUSAL:
+        return _CAUSAL[is_causal]
+    raise ValueError(f'is_causal must be False, True, "upper_left" or "lower_right"; got {is_causal!r}')
+
+
+def _scale_value(scale: object, E: int) -> float:
+    """The scale as a finite float (default 1/sqrt(E))."""
+    if scale is None:
+        return _default_scale(E)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number; got {type(scale).__name__}")
+    try:
+        scale_f = float(scale)
+    except OverflowError:        # an int beyond float range
+        scale_f = math.inf
+    if not math.isfinite(scale_f):
+        raise ValueError(f"scale must be finite; got {scale_f}")
+    return scale_f
+
+
+def _mask_view(attn_mask: object, full: Tuple[int, ...],
+               dtype: type[np.floating[Any]]) -> NDArray[Any]:
+    """The mask, bool or ``dtype``, as a broadcast view of shape ``full`` (never expanded)."""
+    m = m0 = _asarray(attn_mask, "attn_mask")
+    if m.dtype != np.bool_:
+        if m.dtype.type not in _FLOAT_KINDS:
+            raise TypeError(
+                f"attn_mask must be bool (True = attend) or float (added to the scores); got dtype "
+                f"{m.dtype} with shape {_shape(m)}. For a 0/1 integer mask pass mask.astype(bool) "
+                f"if 1 means attend, or mask == 0 if 1 means blocked")
+        if m.dtype != dtype:
+            m = m.astype(dtype)
+    if not m.flags.aligned:      # before broadcasting: never copy an expanded view
+        m = m.copy()
+    if m.ndim > len(full):
+        raise ValueError(f"attn_mask with shape {_shape(m)} has more dimensions than the scores {full}")
+    try:
+        return np.broadcast_to(m, full)
+    except ValueError:
+        raise ValueError(
+            f"attn_mask with shape {_shape(m0)} does not broadcast to the "
+            f"scores' shape (B..., Hq, Lq, Lk) = {full}") from None
+
+
+def _prepare(query: object, key: object, value: object, attn_mask: object, dropout_p: object,
+             is_causal: object, scale: object, enable_gqa: bool, layout: object,
+             key_lengths: object, query_lengths: object,
+             dtype: type[np.floating[Any]]) -> _Prepared:
+    """Check and normalise the public arguments (see scaled_dot_product_attention);
+    ``dtype`` is float32 for the core, float64 for the reference."""
+    enable_gqa = _check_flag(enable_gqa, "enable_gqa")
+    q, k, v, *originals = _core_layout(query, key, value, layout, dtype)
+    nd = originals[0].ndim
+    heads_are_batch = nd == 3 and layout == "bhld"
+    _check_shapes(q, k, v, tuple(originals), enable_gqa, heads_are_batch)
     if dropout_p != 0.0 or not isinstance(dropout_p, (float, int, np.floating, np.integer)):
         raise ValueError(f"dropout_p must be 0.0 (attnx computes inference attention); got {dropout_p!r}")
-    if isinstance(is_causal, (bool, np.bool_)):
-        causal = _CAUSAL[bool(is_causal)]
-    elif isinstance(is_causal, str) and is_causal in _CAUSAL:
-        causal = _CAUSAL[is_causal]
-    else:
-        raise ValueError(f'is_causal must be False, True, "upper_left" or "lower_right"; got {is_causal!r}')
-    if scale is None:
-        scale_f = _default_scale(E)
-    else:
-        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a real number; got {type(scale).__name__}")
-        try:
-            scale_f = float(scale)
-        except OverflowError:        # an int beyond float range
-            scale_f = math.inf
-        if not math.isfinite(scale_f):
-            raise ValueError(f"scale must be finite; got {scale_f}")
+    causal = _causal_code(is_causal)
+    Hq, Lq, E = q.shape[-3:]
+    Lk = k.shape[-2]
+    scale_f = _scale_value(scale, E)
+    batch_shape = q.shape[:-3]
+    q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
+    mask = None if attn_mask is None else _mask_view(attn_mask, batch_shape + (Hq, Lq, Lk), dtype)
 
     B = math.prod(batch_shape)
-    q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
-    full = batch_shape + (Hq, Lq, Lk)
-
-    mask4 = None
-    if attn_mask is not None:
-        m = m0 = _asarray(attn_mask, "attn_mask")
-        if m.dtype != np.bool_:
-            if m.dtype.type not in _FLOAT_KINDS:
-                raise TypeError(
-                    f"attn_mask must be bool (True = attend) or float (added to the scores); got dtype "
-                    f"{m.dtype} with shape {_shape(m)}. For a 0/1 integer mask pass mask.astype(bool) "
-                    f"if 1 means attend, or mask == 0 if 1 means blocked")
-            if m.dtype != dtype:
-                m = m.astype(dtype)
-        if not m.flags.aligned:      # before broadcasting: never copy an expanded view
-            m = m.copy()
-        if m.ndim > len(full):
-            raise ValueError(f"attn_mask with shape {_shape(m)} has more dimensions than the scores {full}")
-        try:
-            m = np.broadcast_to(m, full)
-        except ValueError:
-            raise ValueError(
-                f"attn_mask with shape {_shape(m0)} does not broadcast to the "
-                f"scores' shape (B..., Hq, Lq, Lk) = {full}") from None
-        mask4 = m
-
-    heads_are_batch = nd == 3 and layout == "bhld"
     lead = (Hq,) if heads_are_batch else batch_shape
     kl = ql = None
     if key_lengths is not None:
         kl = _lengths(key_lengths, "key_lengths", lead, Lk, B, Hq, heads_are_batch)
     if query_lengths is not None:
         ql = _lengths(query_lengths, "query_lengths", lead, Lq, B, Hq, heads_are_batch)
-
-    return _Prepared(q, k, v, mask4, kl, ql, causal, scale_f, batch_shape, str(layout), nd)
+    return _Prepared(q, k, v, mask, kl, ql, causal, scale_f, batch_shape, str(layout), nd)
 
 
 @overload
