@@ -83,13 +83,14 @@ def _lse_view(x: object, p: _Prepared) -> NDArray[np.float32]:
 
 
 def _mask_grad(dmask: NDArray[Any], mask: object) -> NDArray[Any]:
-    """The full (batch..., Hq, Lq, Lk) gradient summed to the shape of the mask as passed."""
+    """The full (batch..., Hq, Lq, Lk) gradient summed to the shape of the mask as
+    passed (in float64: the sums cancel, a row's dS adds up to 0)."""
     shape = np.shape(_asarray(mask, "attn_mask"))
     lead = dmask.ndim - len(shape)
-    g = dmask.sum(axis=tuple(range(lead))) if lead else dmask
+    g = dmask.sum(axis=tuple(range(lead)), dtype=np.float64) if lead else dmask
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
     if axes:
-        g = g.sum(axis=axes, keepdims=True)
+        g = g.sum(axis=axes, keepdims=True, dtype=np.float64)
     return np.array(g.reshape(shape), dtype=dmask.dtype)   # a copy; 0-d stays 0-d
 
 

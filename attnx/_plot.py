@@ -245,12 +245,7 @@ def plot_attention(weights: ArrayLike, query_tokens: Optional[Sequence[str]] = N
     w, is_mask = _as_weights(weights)
     heads, names = _select_heads(w, head)
     Lq, Lk = heads[0].shape
-    q_labels = _tokens(query_tokens, Lq, "query_tokens", "query rows", _shape(w))
-    k_labels = _tokens(key_tokens, Lk, "key_tokens", "key columns", _shape(w))
-    if k_labels is None and q_labels is not None and Lq == Lk:
-        k_labels = q_labels
-    if q_labels is None and k_labels is not None and Lq == Lk:
-        q_labels = k_labels
+    q_labels, k_labels = _labels(query_tokens, key_tokens, Lq, Lk, _shape(w))
     if title is not None and not isinstance(title, str):
         raise TypeError(f"title must be a str; got {type(title).__name__}")
     if ax is not None and len(heads) != 1:
@@ -264,38 +259,68 @@ def plot_attention(weights: ArrayLike, query_tokens: Optional[Sequence[str]] = N
 
     if ax is not None and not isinstance(ax, Axes):
         raise TypeError(f"ax must be a matplotlib Axes; got {type(ax).__name__}")
+    vmin, vmax, nonneg = _color_range(heads)
+    fig, axes = _figure(plt, ax, len(heads), Lq, Lk, q_labels, k_labels, title)
+    images = _draw_heads(axes, heads, names, q_labels, k_labels, 1 if ax is not None else
+                         _columns(len(heads)), plt.get_cmap(cmap).with_extremes(bad="#d9d9d9"),
+                         vmin, vmax, nonneg)
+    _titles_and_colorbar(fig, axes, images, names, title, is_mask, nonneg)
+    root = fig
+    while not isinstance(root, Figure):   # ax= in a SubFigure: return the figure holding it
+        root = root.figure
+    return root
 
+
+def _labels(query_tokens: Optional[Sequence[str]], key_tokens: Optional[Sequence[str]], Lq: int,
+            Lk: int, shape: str) -> Tuple[Optional[List[str]], Optional[List[str]]]:
+    """Row and column labels; self-attention shares one list of tokens."""
+    q_labels = _tokens(query_tokens, Lq, "query_tokens", "query rows", shape)
+    k_labels = _tokens(key_tokens, Lk, "key_tokens", "key columns", shape)
+    if k_labels is None and q_labels is not None and Lq == Lk:
+        k_labels = q_labels
+    if q_labels is None and k_labels is not None and Lq == Lk:
+        q_labels = k_labels
+    return q_labels, k_labels
+
+
+def _color_range(heads: List[NDArray[np.float64]]) -> Tuple[float, float, bool]:
+    """vmin, vmax, and whether the values are weights (non-negative: 0 drawn as masked)."""
     stack = np.stack(heads)
     finite = stack[np.isfinite(stack)]
-    nonneg = finite.size == 0 or finite.min() >= 0
+    nonneg = bool(finite.size == 0 or finite.min() >= 0)
     if nonneg:
-        vmin = 0.0
-        vmax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
-    else:
-        vmin, vmax = float(finite.min()), float(finite.max())
-    colors = plt.get_cmap(cmap).with_extremes(bad="#d9d9d9")   # masked (zero) weights
+        return 0.0, float(finite.max()) if finite.size and finite.max() > 0 else 1.0, True
+    return float(finite.min()), float(finite.max()), False
 
-    n = len(heads)
+
+def _figure(plt: Any, ax: Optional["Axes"], n: int, Lq: int, Lk: int,
+            q_labels: Optional[List[str]], k_labels: Optional[List[str]],
+            title: Optional[str]) -> Tuple[Any, List[Any]]:
+    """The figure and one axes a head: ``ax`` itself, or a grid sized to the tokens."""
     if ax is not None:
-        fig = ax.figure            # a Figure, or a SubFigure inside one
-        axes = [ax]
-    else:
-        ncols = _columns(n)
-        nrows = math.ceil(n / ncols)
-        longest_q = max((len(t) for t in q_labels), default=2) if q_labels else 2
-        longest_k = max((len(t) for t in k_labels), default=2) if k_labels else 2
-        side = 7.0 if n == 1 else 4.0                       # inches of the longest side of a heatmap
-        cell = min(_CELL if n == 1 else 0.3, side / max(Lq, Lk))
-        width = ncols * (Lk * cell + 0.09 * longest_q + 0.5) + 1.2
-        height = nrows * (Lq * cell + 0.07 * longest_k + 0.7) + (0.4 if title else 0)
-        fig, grid = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False,
-                                 layout="constrained")
-        axes = list(grid.ravel())
-        for extra in axes[n:]:
-            fig.delaxes(extra)
-        axes = axes[:n]
+        return ax.figure, [ax]     # a Figure, or a SubFigure inside one
+    ncols = _columns(n)
+    nrows = math.ceil(n / ncols)
+    longest_q = max((len(t) for t in q_labels), default=2) if q_labels else 2
+    longest_k = max((len(t) for t in k_labels), default=2) if k_labels else 2
+    side = 7.0 if n == 1 else 4.0                       # inches of the longest side of a heatmap
+    cell = min(_CELL if n == 1 else 0.3, side / max(Lq, Lk))
+    width = ncols * (Lk * cell + 0.09 * longest_q + 0.5) + 1.2
+    height = nrows * (Lq * cell + 0.07 * longest_k + 0.7) + (0.4 if title else 0)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False,
+                             layout="constrained")
+    axes = list(grid.ravel())
+    for extra in axes[n:]:
+        fig.delaxes(extra)
+    return fig, axes[:n]
 
-    ncols = 1 if ax is not None else _columns(n)
+
+def _draw_heads(axes: List[Any], heads: List[NDArray[np.float64]], names: List[Optional[str]],
+                q_labels: Optional[List[str]], k_labels: Optional[List[str]], ncols: int,
+                colors: Any, vmin: float, vmax: float, nonneg: bool) -> List[Any]:
+    """One heatmap a head; a grid shares the token labels of its first column and last row."""
+    n = len(heads)
+    Lq, Lk = heads[0].shape
     aspect: Literal["equal", "auto"] = (
         "equal" if max(Lq, Lk) <= 4 * min(Lq, Lk) else "auto")   # square cells unless very thin
     images = []
@@ -307,7 +332,7 @@ def plot_attention(weights: ArrayLike, query_tokens: Optional[Sequence[str]] = N
         _set_ticks(a, "y", q_labels, Lq)
         first_col = i % ncols == 0
         bottom = i + ncols >= n
-        if not first_col:          # a grid shares the token labels of the first column
+        if not first_col:
             a.tick_params(labelleft=False)
         if not bottom:
             a.tick_params(labelbottom=False)
@@ -317,13 +342,18 @@ def plot_attention(weights: ArrayLike, query_tokens: Optional[Sequence[str]] = N
             a.set_xlabel("key")
         if name is not None:
             a.set_title(name)
+    return images
+
+
+def _titles_and_colorbar(fig: Any, axes: List[Any], images: List[Any], names: List[Optional[str]],
+                         title: Optional[str], is_mask: bool, nonneg: bool) -> None:
     if title is not None:
-        if n == 1:
+        if len(axes) == 1:
             axes[0].set_title(title if names[0] is None else f"{title} ({names[0]})")
         else:
             fig.suptitle(title)
     label = "mask (1 = may attend)" if is_mask else "weight" if nonneg else "value"
-    if n == 1:
+    if len(axes) == 1:
         # beside the heatmap as drawn (square cells shrink the axes box): as tall as the image
         cax = axes[0].inset_axes((1.04, 0.0, 0.05, 1.0), label="<colorbar>")  # as fig.colorbar names it
         cbar = fig.colorbar(images[-1], cax=cax, label=label)
@@ -331,7 +361,3 @@ def plot_attention(weights: ArrayLike, query_tokens: Optional[Sequence[str]] = N
         cbar = fig.colorbar(images[-1], ax=axes, label=label)
     if is_mask:
         cbar.set_ticks([0.0, 1.0])
-    root = fig
-    while not isinstance(root, Figure):   # ax= in a SubFigure: return the figure holding it
-        root = root.figure
-    return root
