@@ -23,19 +23,15 @@ from typing import (Any, Callable, Dict, Literal, Optional, SupportsIndex, Tuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._functional import ArrayInput, Causal, _asarray, _check_flag, scaled_dot_product_attention
+from ._functional import (ArrayInput, Causal, _as_float, _asarray, _check_flag, _shape,
+                          scaled_dot_product_attention)
 from ._grad import scaled_dot_product_attention_vjp
 
 __all__ = ["MultiHeadAttention"]
 
-_FLOATS = (np.float16, np.float32, np.float64)
 
 
 _M = TypeVar("_M", bound="MultiHeadAttention")
-
-
-def _shape(a: NDArray[Any]) -> str:
-    return "(" + ", ".join(str(n) for n in a.shape) + ("," if a.ndim == 1 else "") + ")"
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -57,14 +53,11 @@ def _as_input(x: object, name: str) -> NDArray[np.float32]:
     sequences, PyTorch CPU tensors (also ones that require grad), objects with
     ``__array__`` or ``__dlpack__``; float32 is used without a copy.
     """
-    a = _asarray(x, name)
-    if a.dtype.type not in _FLOATS:
-        raise TypeError(f"{name} must be float16, float32 or float64 (computed in float32); "
-                        f"got dtype {a.dtype} with shape {_shape(a)}")
+    a = _as_float(x, name)
     if a.ndim not in (2, 3):
         raise ValueError(f"{name} must be (B, L, features) or unbatched (L, features); "
                          f"got shape {_shape(a)}")
-    return a.astype(np.float32, copy=False)
+    return a
 
 
 def _xavier(rng: np.random.Generator, fan_in: int, fan_out: int) -> NDArray[np.float32]:

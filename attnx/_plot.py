@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Tuple,
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._functional import _asarray
+from ._functional import _asarray, _shape
 
 if TYPE_CHECKING:  # matplotlib is optional: its types only matter to a type checker
     from matplotlib.axes import Axes
@@ -27,10 +27,6 @@ __all__ = ["plot_attention"]
 _INSTALL = 'pip install "attnx[plot]"'
 _CELL = 0.42           # inches per token
 _MAX_LABELS = 40       # more tokens than this: label every k-th one
-
-
-def _shape(a: NDArray[Any]) -> str:
-    return "(" + ", ".join(str(n) for n in a.shape) + ("," if a.ndim == 1 else "") + ")"
 
 
 def _headless() -> bool:
