@@ -70,3 +70,6 @@ def backward(
     /,
 ) -> None:
     """Private: gradients of ``forward`` written into dq, dk, dv (and dmask, zeroed by the caller)."""
+CAUSAL_NONE: int
+CAUSAL_UPPER_LEFT: int
+CAUSAL_LOWER_RIGHT: int

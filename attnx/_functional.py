@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterator, List, Literal, NamedTuple, Optional, Protocol, Tuple, Union, overload
+from typing import Any, Dict, Iterator, List, Literal, NamedTuple, Optional, Protocol, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -37,7 +37,13 @@ Layout = Literal["bhld", "blhd"]
 
 _FLOAT_KINDS = (np.float16, np.float32, np.float64)
 _F32 = np.dtype(np.float32)
-_CAUSAL = {False: 0, True: 1, "upper_left": 1, "top_left": 1, "lower_right": 2}
+# is_causal -> the core's code (csrc/attnx.h's attnx_causal, exported by the extension)
+_CAUSAL = {False: _attnx.CAUSAL_NONE, True: _attnx.CAUSAL_UPPER_LEFT,
+           "upper_left": _attnx.CAUSAL_UPPER_LEFT, "top_left": _attnx.CAUSAL_UPPER_LEFT,
+           "lower_right": _attnx.CAUSAL_LOWER_RIGHT}
+#: the core's code -> the is_causal value that means it (for attnx.reference)
+_CAUSAL_ARG: Dict[int, "Causal"] = {_attnx.CAUSAL_NONE: False, _attnx.CAUSAL_UPPER_LEFT: True,
+                                    _attnx.CAUSAL_LOWER_RIGHT: "lower_right"}
 
 
 def _default_scale(E: int) -> float:
@@ -642,7 +648,7 @@ def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: ob
     else:
         return None
     out = np.empty((B, H, Lq, v.shape[3]), dtype=np.float32)
-    _attnx.forward(q, k, v, out, None, None, None, None, 1 if is_causal else 0, scale_f)
+    _attnx.forward(q, k, v, out, None, None, None, None, _CAUSAL[is_causal], scale_f)
     return out
 
 

@@ -17,8 +17,8 @@ from numpy.typing import NDArray
 
 from . import _attnx
 from ._reference import reference_attention_backward
-from ._functional import (ArrayInput, Causal, Layout, _as_float, _asarray, _fold_calls, _prepare,
-                          _Prepared, _shape, scaled_dot_product_attention)
+from ._functional import (_CAUSAL_ARG, ArrayInput, Causal, Layout, _as_float, _asarray,
+                          _fold_calls, _prepare, _Prepared, _shape, scaled_dot_product_attention)
 
 __all__ = ["AttentionGrads", "scaled_dot_product_attention_vjp",
            "scaled_dot_product_attention_backward", "merge_attention", "reference_backward"]
@@ -200,7 +200,7 @@ def reference_backward(
     Hq, Lq = q.shape[1:3]
     if do.shape != p.batch_shape + (Hq, Lq, v.shape[-1]):
         raise ValueError(f"dout must have the shape of the attention output; got {_shape(do)}")
-    causal: Causal = (False, True, "lower_right")[p.causal]
+    causal: Causal = _CAUSAL_ARG[p.causal]
     dq, dk, dv, ds = reference_attention_backward(do.reshape((B,) + do.shape[-3:]), q, k, v, mask,
                                                   causal, p.scale, p.key_lengths, p.query_lengths)
 

@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _attnx
-from ._functional import ArrayInput, Causal, Layout, _asarray, _check_flag
+from ._functional import _CAUSAL_ARG, ArrayInput, Causal, Layout, _asarray, _check_flag
 
 __all__ = ["reference", "reference_attention"]
 
@@ -197,7 +197,7 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  layout, key_lengths, query_lengths, np.float64)
     out, out_v, weights = _allocate(p, need_weights, np.float64)
-    causal: Causal = (False, True, "lower_right")[p.causal]
+    causal: Causal = _CAUSAL_ARG[p.causal]
     q, k, v, mask = p.folded()
     o, w = reference_attention(q, k, v, mask, causal, p.scale, p.key_lengths, p.query_lengths)
     out_v[...] = o.reshape(out_v.shape)

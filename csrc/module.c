@@ -222,8 +222,10 @@ static int fill_problem(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v,
         pp.query_lengths = PyArray_DATA((PyArrayObject *)ql);
         pp.ql_sb = estride(ql, 0); pp.ql_sh = estride(ql, 1);
     }
-    if (causal < 0 || causal > 2) {
-        PyErr_Format(PyExc_ValueError, "causal must be 0, 1 or 2, not %d", causal);
+    if (causal < ATTNX_CAUSAL_NONE || causal > ATTNX_CAUSAL_LOWER_RIGHT) {
+        PyErr_Format(PyExc_ValueError, "causal must be CAUSAL_NONE, CAUSAL_UPPER_LEFT or "
+                     "CAUSAL_LOWER_RIGHT (%d, %d, %d), not %d", ATTNX_CAUSAL_NONE,
+                     ATTNX_CAUSAL_UPPER_LEFT, ATTNX_CAUSAL_LOWER_RIGHT, causal);
         return 0;
     }
     pp.causal = causal;
@@ -409,7 +411,10 @@ PyMODINIT_FUNC PyInit__attnx(void)
      * flushes the same weights) */
     if (PyModule_AddObject(m, "EXP_FLUSH_BELOW", PyFloat_FromDouble(ATTNX_EXP_LO)) < 0 ||
         PyModule_AddObject(m, "ISA_NAMES", isa_names()) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_THREADS", ATTNX_MAX_THREADS) < 0) {
+        PyModule_AddIntConstant(m, "MAX_THREADS", ATTNX_MAX_THREADS) < 0 ||
+        PyModule_AddIntConstant(m, "CAUSAL_NONE", ATTNX_CAUSAL_NONE) < 0 ||
+        PyModule_AddIntConstant(m, "CAUSAL_UPPER_LEFT", ATTNX_CAUSAL_UPPER_LEFT) < 0 ||
+        PyModule_AddIntConstant(m, "CAUSAL_LOWER_RIGHT", ATTNX_CAUSAL_LOWER_RIGHT) < 0) {
         Py_DECREF(m);
         return NULL;
     }
