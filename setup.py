@@ -1,9 +1,9 @@
 """Build the C extension attnx._attnx from csrc/.
 
 Every SIMD variant is compiled into the same extension side by side: each
-kernels_<isa>.c enables its instruction set for itself with a target pragma,
-so no global flag ties the build to the CPU it was built on. The
-kernels are chosen at run time (csrc/dispatch.c).
+csrc/kernels/<isa>.c enables its instruction set for itself with a target
+pragma, so no global flag ties the build to the CPU it was built on. The
+kernels are chosen at run time (csrc/kernels/dispatch.c).
 """
 
 import os
@@ -13,10 +13,10 @@ import numpy as np
 from setuptools import Extension, setup
 
 # the core's sources come from csrc/sources.txt (the one list every build reads),
-# the glue from module.c
+# the glue is csrc/python/module.c
 with open(os.path.join("csrc", "sources.txt")) as f:
     core = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-sources = [os.path.join("csrc", name) for name in core + ["module.c"]]
+sources = [os.path.join("csrc", *name.split("/")) for name in core + ["python/module.c"]]
 
 extra_compile_args = []
 extra_link_args = []

@@ -36,6 +36,7 @@ except ImportError:
         "another directory.",
         name="attnx._attnx", path=_here,
     ) from None
+from ._args import integer as _integer
 from ._functional import scaled_dot_product_attention
 from ._grad import (AttentionGrads, merge_attention, reference_backward,
                     scaled_dot_product_attention_backward, scaled_dot_product_attention_vjp)
@@ -113,14 +114,7 @@ def set_num_threads(n: int) -> None:
     1
     >>> attnx.set_num_threads(0)      # back to the default
     """
-    import operator
-
-    if isinstance(n, bool) or type(n).__name__ in ("bool", "bool_"):   # also NumPy's bool
-        raise TypeError(f"n must be an integer number of threads; got bool {n!r}")
-    try:
-        count = operator.index(n)
-    except TypeError:
-        raise TypeError(f"n must be an integer number of threads; got {type(n).__name__} {n!r}") from None
+    count = _integer(n, "n", "an integer number of threads")
     if count > 1 << 20:
         raise ValueError(f"n must be at most {1 << 20} threads (n <= 0 restores the default); got {count}")
     _attnx.set_num_threads(max(count, 0))

@@ -1,4 +1,4 @@
-"""Type stub of ``attnx._attnx``, the C extension (csrc/module.c).
+"""Type stub of ``attnx._attnx``, the C extension (csrc/python/module.c).
 
 Use the public API in :mod:`attnx` instead: ``forward`` expects arguments that
 ``attnx.scaled_dot_product_attention`` has already checked and normalised.
@@ -30,7 +30,7 @@ def forward(
     unit last stride; out (B, Hq, Lq, Ev) writeable; weights None or
     C-contiguous (B, Hq, Lq, Lk); mask None or bool/float32 (B, Hq, Lq, Lk)
     with any strides (0 for broadcast axes); lengths None or int64 (B, Hq);
-    causal 0 none, 1 upper-left, 2 lower-right. Releases the GIL.
+    causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or CAUSAL_LOWER_RIGHT. Releases the GIL.
     """
 
 def isa() -> str:
@@ -48,8 +48,11 @@ def get_num_threads() -> int:
 def set_num_threads(n: int, /) -> None:
     """Threads used per call; ``n <= 0`` restores the default."""
 EXP_FLUSH_BELOW: float
+"""exp(x) is exactly 0 below this: a weight of a score further below its row's max is 0."""
 ISA_NAMES: tuple[str, ...]
+"""Every instruction set the build knows, in order: ("scalar", "avx2", "avx512", "neon")."""
 MAX_THREADS: int
+"""The most threads a call uses."""
 
 def backward(
     q: NDArray[np.float32],
@@ -71,5 +74,8 @@ def backward(
 ) -> None:
     """Private: gradients of ``forward`` written into dq, dk, dv (and dmask, zeroed by the caller)."""
 CAUSAL_NONE: int
+"""The ``causal`` code of ``forward``/``backward``: no causal mask."""
 CAUSAL_UPPER_LEFT: int
+"""Query i sees keys j <= i (PyTorch's is_causal)."""
 CAUSAL_LOWER_RIGHT: int
+"""Query i sees keys j <= i + Lk - Lq (decoding)."""

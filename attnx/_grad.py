@@ -10,20 +10,20 @@ mask's gradient over its broadcast axes.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
+from ._args import (CAUSAL_ARG, F32, ArrayInput, Causal, Layout, as_array, as_float, attention_args,
+                    check_layout, lse_like, output_like, shape_str)
+from ._functional import fold_calls, scaled_dot_product_attention
 from ._reference import reference_attention_backward
-from ._functional import (_CAUSAL_ARG, ArrayInput, Causal, Layout, _as_float, _asarray,
-                          _fold_calls, _prepare, _Prepared, _shape, scaled_dot_product_attention)
 
 __all__ = ["AttentionGrads", "scaled_dot_product_attention_vjp",
            "scaled_dot_product_attention_backward", "merge_attention", "reference_backward"]
-
-F32 = NDArray[np.float32]
 
 
 class AttentionGrads(NamedTuple):
@@ -41,51 +41,10 @@ class AttentionGrads(NamedTuple):
     sinks: Optional[NDArray[Any]] = None
 
 
-def _core_view(a: NDArray[Any], p: _Prepared) -> NDArray[Any]:
-    """(B..., H, L, X) view of an array in the caller's layout (blhd swapped; 2-D given an axis)."""
-    if p.layout == "blhd":
-        a = np.swapaxes(a, -2, -3)
-    return a[None] if p.ndim == 2 else a
-
-
-def _caller_shape(core: Tuple[int, ...], p: _Prepared) -> Tuple[int, ...]:
-    """The shape in the caller's layout of a (batch..., H, L, X) array."""
-    if p.layout == "blhd":
-        core = core[:-3] + (core[-2], core[-3], core[-1])
-    return core[1:] if p.ndim == 2 else core
-
-
-def _like_output(x: object, name: str, p: _Prepared) -> NDArray[np.float32]:
-    """dout or out: float32, shaped like the forward's output, as a (batch..., Hq, Lq, Ev) view."""
-    a = _as_float(x, name)
-    Hq, Lq = p.q.shape[-3:-1]
-    Ev = p.v.shape[-1]
-    want = _caller_shape(p.batch_shape + (Hq, Lq, Ev), p)
-    if a.shape != want:
-        raise ValueError(f"{name} must have the shape of the attention output {want}; "
-                         f"got {_shape(a)}")
-    v = _core_view(a, p)
-    if v.shape[-1] > 1 and v.strides[-1] != 4 or not v.flags.aligned:
-        v = np.ascontiguousarray(v)
-    return v
-
-
-def _lse_view(x: object, p: _Prepared) -> NDArray[np.float32]:
-    a = _as_float(x, "lse")
-    want = p.batch_shape + p.q.shape[-3:-1]
-    want = want[1:] if p.ndim == 2 else want
-    if a.shape != want:
-        raise ValueError(f"lse must have shape (B..., Hq, Lq) = {want}; got {_shape(a)}")
-    a = a[None] if p.ndim == 2 else a
-    if not a.flags.aligned:
-        a = a.copy()
-    return a[..., None]
-
-
 def _mask_grad(dmask: NDArray[Any], mask: object) -> NDArray[Any]:
     """The full (batch..., Hq, Lq, Lk) gradient summed to the shape of the mask as
     passed (in float64: the sums cancel, a row's dS adds up to 0)."""
-    shape = np.shape(_asarray(mask, "attn_mask"))
+    shape = np.shape(as_array(mask, "attn_mask"))
     lead = dmask.ndim - len(shape)
     g = dmask.sum(axis=tuple(range(lead)), dtype=np.float64) if lead else dmask
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
@@ -116,19 +75,19 @@ def scaled_dot_product_attention_backward(
     ``query_lengths`` and rows with no allowed key get zero gradients. float32.
     Deterministic: the same bits on every run with a given thread count.
     """
-    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                 layout, key_lengths, query_lengths, np.float32)
-    o = _like_output(out, "out", p)
-    do = _like_output(dout, "dout", p)
-    lse4 = _lse_view(lse, p)
+    p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                       layout=layout, key_lengths=key_lengths,
+                       query_lengths=query_lengths).astype(np.float32)
+    o = output_like(out, "out", p)
+    do = output_like(dout, "dout", p)
+    lse4 = lse_like(lse, p)
 
     # gradients in the caller's layout, and their (batch..., H, L, X) views
-    grads = [np.empty(_caller_shape(a.shape, p), np.float32) for a in (p.q, p.k, p.v)]
-    views = [_core_view(g, p) for g in grads]
+    grads = [np.empty(p.caller_shape(a.shape), np.float32) for a in (p.q, p.k, p.v)]
+    views = [p.core_view(g) for g in grads]
     float_mask = p.mask is not None and p.mask.dtype != np.bool_
-    dmask = np.zeros(p.batch_shape + p.q.shape[-3:-1] + p.k.shape[-2:-1], np.float32) \
-        if float_mask else None
-    for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm), (kl, ql) in _fold_calls(
+    dmask = np.zeros(p.scores_shape, np.float32) if float_mask else None
+    for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm), (kl, ql) in fold_calls(
             p.batch_shape, [p.q, p.k, p.v, p.mask, o, do, lse4, *views, dmask],
             [p.key_lengths, p.query_lengths]):
         assert (q is not None and k is not None and v is not None and o4 is not None
@@ -166,8 +125,8 @@ def scaled_dot_product_attention_vjp(
     >>> g.query.shape, g.key.shape, g.value.shape, g.attn_mask
     ((2, 4, 10, 16), (2, 4, 10, 16), (2, 4, 10, 16), None)
     """
-    q, k, v = (_asarray(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
-    mask = None if attn_mask is None else _asarray(attn_mask, "attn_mask")
+    q, k, v = (as_array(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
+    mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
     kw: Any = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                    enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
                    query_lengths=query_lengths)
@@ -192,28 +151,27 @@ def reference_backward(
     :class:`attnx.AttentionGrads` of float64 arrays shaped like the inputs as
     passed. Slow and memory-hungry: it builds every score.
     """
-    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                 layout, key_lengths, query_lengths, np.float64)
-    B = int(np.prod(p.batch_shape, dtype=np.int64))
+    p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                       layout=layout, key_lengths=key_lengths,
+                       query_lengths=query_lengths).astype(np.float64)
+    B = math.prod(p.batch_shape)
     q, k, v, mask = p.folded()
-    do = _core_view(np.asarray(_asarray(dout, "dout"), dtype=np.float64), p)
-    Hq, Lq = q.shape[1:3]
-    if do.shape != p.batch_shape + (Hq, Lq, v.shape[-1]):
-        raise ValueError(f"dout must have the shape of the attention output; got {_shape(do)}")
-    causal: Causal = _CAUSAL_ARG[p.causal]
-    dq, dk, dv, ds = reference_attention_backward(do.reshape((B,) + do.shape[-3:]), q, k, v, mask,
-                                                  causal, p.scale, p.key_lengths, p.query_lengths)
+    do = output_like(dout, "dout", p, np.float64)
+    dq, dk, dv, ds = reference_attention_backward(
+        do.reshape((B,) + do.shape[-3:]), q, k, v, mask, CAUSAL_ARG[p.causal], p.scale,
+        p.key_lengths, p.query_lengths)
 
-    def back(a: NDArray[np.float64], like: NDArray[Any]) -> NDArray[np.float64]:
+    def as_passed(a: NDArray[np.float64]) -> NDArray[np.float64]:
+        """A (B, H, L, X) gradient in the caller's shape and layout."""
         core = a.reshape(p.batch_shape + a.shape[1:])
-        out = np.empty(_caller_shape(core.shape, p))
-        _core_view(out, p)[...] = core
+        out = np.empty(p.caller_shape(core.shape))
+        p.core_view(out)[...] = core
         return out
 
     gm = None
     if mask is not None and mask.dtype != np.bool_:
-        gm = _mask_grad(ds.reshape(p.batch_shape + ds.shape[1:]), attn_mask).astype(np.float64)
-    return AttentionGrads(back(dq, p.q), back(dk, p.k), back(dv, p.v), gm)
+        gm = _mask_grad(ds.reshape(p.scores_shape), attn_mask).astype(np.float64)
+    return AttentionGrads(as_passed(dq), as_passed(dk), as_passed(dv), gm)
 
 
 def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,
@@ -243,15 +201,14 @@ def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty sequences of the same length; got "
                          f"{len(outs)} and {len(lses)}")
-    if layout not in ("bhld", "blhd"):
-        raise ValueError(f'layout must be "bhld" or "blhd"; got {layout!r}')
-    os_: List[NDArray[np.float32]] = [_as_float(o, f"outs[{i}]") for i, o in enumerate(outs)]
-    ls: List[NDArray[np.float32]] = [_as_float(x, f"lses[{i}]") for i, x in enumerate(lses)]
+    check_layout(layout)
+    os_: List[F32] = [as_float(o, f"outs[{i}]") for i, o in enumerate(outs)]
+    ls: List[F32] = [as_float(x, f"lses[{i}]") for i, x in enumerate(lses)]
     for i, (o, lse) in enumerate(zip(os_, ls)):
         rows = o.shape[:-1] if layout == "bhld" else o.shape[:-3] + (o.shape[-2], o.shape[-3])
         if o.ndim < 2 or o.shape != os_[0].shape or lse.shape != rows:
-            raise ValueError(f"outs[{i}] {_shape(o)} and lses[{i}] {_shape(lse)} must match "
-                             f"outs[0] {_shape(os_[0])} and its rows (B..., H, Lq)")
+            raise ValueError(f"outs[{i}] {shape_str(o)} and lses[{i}] {shape_str(lse)} must match "
+                             f"outs[0] {shape_str(os_[0])} and its rows (B..., H, Lq)")
     L = np.stack(ls)                                        # (S, B..., H, Lq)
     M = L.max(axis=0)
     Msub = np.where(np.isneginf(M), np.float32(0), M)

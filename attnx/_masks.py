@@ -13,29 +13,14 @@ to plot, or to port code that builds one, such as a Transformer tutorial's masks
 
 from __future__ import annotations
 
-import operator
-from typing import Any, Optional, SupportsIndex
+from typing import Optional, SupportsIndex
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._functional import _asarray
+from ._args import check_flag, check_range, integer_array, nonnegative_int
 
 __all__ = ["causal_mask", "padding_mask"]
-
-
-def _size(value: Any, name: str) -> int:
-    """``value`` as a non-negative Python int; TypeError/ValueError naming it."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a non-negative integer; got bool {value!r}")
-    try:
-        n = operator.index(value)  # int, NumPy integers, 0-d integer arrays
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a non-negative integer; got {type(value).__name__} {value!r}") from None
-    if n < 0:
-        raise ValueError(f"{name} must be a non-negative integer; got {n}")
-    return n
 
 
 def causal_mask(Lq: SupportsIndex, Lk: Optional[SupportsIndex] = None, *,
@@ -80,11 +65,9 @@ def causal_mask(Lq: SupportsIndex, Lk: Optional[SupportsIndex] = None, *,
     array([[1, 1, 1, 0],
            [1, 1, 1, 1]])
     """
-    Lq = _size(Lq, "Lq")
-    Lk = Lq if Lk is None else _size(Lk, "Lk")
-    if not isinstance(lower_right, (bool, np.bool_)):
-        raise TypeError(f"lower_right must be a bool; got {type(lower_right).__name__} {lower_right!r}")
-    offset = Lk - Lq if lower_right else 0
+    Lq = nonnegative_int(Lq, "Lq")
+    Lk = Lq if Lk is None else nonnegative_int(Lk, "Lk")
+    offset = Lk - Lq if check_flag(lower_right, "lower_right") else 0
     return np.arange(Lk)[None, :] <= np.arange(Lq)[:, None] + offset
 
 
@@ -143,10 +126,7 @@ def padding_mask(lengths: ArrayLike, L: SupportsIndex) -> NDArray[np.bool_]:
     >>> (pm[:, None, :, None] & pm[:, None, None, :]).shape
     (2, 1, 4, 4)
     """
-    L = _size(L, "L")
-    a = _asarray(lengths, "lengths")   # tensors, __array__, DLPack; TypeError naming lengths
-    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
-        raise TypeError(f"lengths must be an array of integers; got dtype {a.dtype} with shape {a.shape}")
-    if a.size and (a.min() < 0 or a.max() > L):
-        raise ValueError(f"lengths must lie in [0, L={L}]; got values from {a.min()} to {a.max()}")
+    L = nonnegative_int(L, "L")
+    a = integer_array(lengths, "lengths")   # tensors, __array__, DLPack; TypeError naming lengths
+    check_range(a, "lengths", L, "L=")
     return np.arange(L) < a[..., None]

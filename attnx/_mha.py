@@ -14,72 +14,38 @@ with no transpose copy.
 
 from __future__ import annotations
 
-import importlib
-import operator
-import warnings
-from typing import (Any, Callable, Dict, Literal, Optional, SupportsIndex, Tuple, TypeVar, Union,
-                    overload)
+from typing import Any, Callable, Dict, Literal, Optional, SupportsIndex, Tuple, TypeVar, Union, overload
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._functional import (ArrayInput, Causal, _as_float, _asarray, _check_flag, _shape,
-                          scaled_dot_product_attention)
+from . import _torch_interop
+from ._args import F32, ArrayInput, Causal, as_array, as_float, check_flag, positive_int, shape_str
+from ._functional import scaled_dot_product_attention
 from ._grad import scaled_dot_product_attention_vjp
 
 __all__ = ["MultiHeadAttention"]
 
-
-
 _M = TypeVar("_M", bound="MultiHeadAttention")
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a positive integer; got bool {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be a positive integer; got {type(value).__name__} {value!r}") from None
-    if n <= 0:
-        raise ValueError(f"{name} must be a positive integer; got {n}")
-    return int(n)
+def _input_grads(dx: Dict[str, F32], key_defaulted: bool, value_defaulted: bool,
+                 unbatched: bool) -> Dict[str, F32]:
+    """The gradients of query, key and value from those through the projections
+    ``dx["q"]``, ``dx["k"]``, ``dx["v"]``: an input that defaulted to another
+    (key to query, value to key) adds into that one's."""
+    g = {"query": dx["q"]}
+    k_into = "query" if key_defaulted else "key"
+    v_into = k_into if value_defaulted else "value"
+    for into, d in ((k_into, dx["k"]), (v_into, dx["v"])):
+        g[into] = g[into] + d if into in g else d
+    return {n: a[0] if unbatched else a for n, a in g.items()}
 
 
-def _as_input(x: object, name: str) -> NDArray[np.float32]:
-    """An input as a float32 ndarray (float16/float64 converted); other dtypes raise TypeError.
-
-    Anything :func:`attnx.scaled_dot_product_attention` accepts: NumPy arrays,
-    sequences, PyTorch CPU tensors (also ones that require grad), objects with
-    ``__array__`` or ``__dlpack__``; float32 is used without a copy.
-    """
-    a = _as_float(x, name)
-    if a.ndim not in (2, 3):
-        raise ValueError(f"{name} must be (B, L, features) or unbatched (L, features); "
-                         f"got shape {_shape(a)}")
-    return a
-
-
-def _xavier(rng: np.random.Generator, fan_in: int, fan_out: int) -> NDArray[np.float32]:
+def _xavier(rng: np.random.Generator, fan_in: int, fan_out: int) -> F32:
     """Xavier/Glorot uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)); (fan_in, fan_out) float32."""
     a = np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-a, a, size=(fan_in, fan_out)).astype(np.float32)
-
-
-def _import_torch() -> Any:
-    # importlib keeps type checkers from analysing all of torch for attnx's users
-    try:
-        torch = importlib.import_module("torch")
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("loading PyTorch weights needs torch (pip install torch==2.13.0)") from None
-    return torch
-
-
-def _to_numpy(t: Any, transpose: bool = False) -> NDArray[np.float32]:
-    """A float32 NumPy copy of a torch tensor (never sharing memory with it), optionally transposed."""
-    torch = _import_torch()
-    a = t.detach().to(device="cpu", dtype=torch.float32).numpy()
-    return np.array(a.T if transpose else a, dtype=np.float32, order="C", copy=True)
 
 
 class MultiHeadAttention:
@@ -186,20 +152,18 @@ class MultiHeadAttention:
                  kdim: Optional[SupportsIndex] = None, vdim: Optional[SupportsIndex] = None,
                  seed: Union[None, int, np.random.SeedSequence, np.random.Generator] = None,
                  ) -> None:
-        dm = _positive_int(d_model, "d_model")
-        H = _positive_int(num_heads, "num_heads")
-        dh = max(1, dm // H) if d_head is None else _positive_int(d_head, "d_head")
-        kd = dm if kdim is None else _positive_int(kdim, "kdim")
-        vd = dm if vdim is None else _positive_int(vdim, "vdim")
-        if not isinstance(bias, (bool, np.bool_)):
-            raise TypeError(f"bias must be a bool; got {type(bias).__name__} {bias!r}")
+        dm = positive_int(d_model, "d_model")
+        H = positive_int(num_heads, "num_heads")
+        dh = max(1, dm // H) if d_head is None else positive_int(d_head, "d_head")
+        kd = dm if kdim is None else positive_int(kdim, "kdim")
+        vd = dm if vdim is None else positive_int(vdim, "vdim")
 
         self.d_model = dm
         self.num_heads = H
         self.d_head = dh
         self.kdim = kd
         self.vdim = vd
-        self.bias = bool(bias)
+        self.bias = check_flag(bias, "bias")
 
         HD = H * dh
         rng = np.random.default_rng(seed)
@@ -234,7 +198,7 @@ class MultiHeadAttention:
             if w is None and name.startswith("b_"):
                 continue
             if not isinstance(w, np.ndarray) or w.shape != shape:
-                got = _shape(w) if isinstance(w, np.ndarray) else type(w).__name__
+                got = shape_str(w) if isinstance(w, np.ndarray) else type(w).__name__
                 raise ValueError(f"{self!r}: {name} must be an array of shape {shape}; got {got}")
 
     def __repr__(self) -> str:
@@ -334,13 +298,10 @@ class MultiHeadAttention:
         >>> float(w[2, 0, 3:].sum())                             # padded keys get no weight
         0.0
         """
-        need_weights = _check_flag(need_weights, "need_weights")
-        average_weights = _check_flag(average_weights, "average_weights")
+        need_weights = check_flag(need_weights, "need_weights")
+        average_weights = check_flag(average_weights, "average_weights")
         q_in, k_in, v_in, attn_mask, unbatched = self._inputs(query, key, value, attn_mask)
-        B, Lq, Lk = q_in.shape[0], q_in.shape[1], k_in.shape[1]
-        H, D = self.num_heads, self.d_head
         q, k, v = self._project(q_in, k_in, v_in)
-
         res = scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
             key_lengths=key_lengths, query_lengths=query_lengths, need_weights=need_weights)
@@ -357,30 +318,40 @@ class MultiHeadAttention:
         return out, w
 
     def _inputs(self, query: object, key: object, value: object, attn_mask: object) -> Tuple[
-            NDArray[np.float32], NDArray[np.float32], NDArray[np.float32], Any, bool]:
+            F32, F32, F32, Optional[NDArray[Any]], bool]:
         """The inputs as float32 (B, L, features) arrays (key defaults to query,
         value to key), the mask, and whether they came unbatched."""
         self._check_parameters()
-        q_in = _as_input(query, "query")
-        if key is None:
-            k_in = q_in
-        else:
-            k_in = _as_input(key, "key")
-        if value is None:
-            v_in = k_in
-        else:
-            v_in = _as_input(value, "value")
+        q_in = as_float(query, "query")
+        k_in = q_in if key is None else as_float(key, "key")
+        v_in = k_in if value is None else as_float(value, "value")
+        self._check_inputs(q_in, k_in, v_in, key is None, value is None)
+        unbatched = q_in.ndim == 2
+        if unbatched:
+            q_in, k_in, v_in = q_in[None], k_in[None], v_in[None]
+        mask = None
+        if attn_mask is not None:
+            mask = self._mask(attn_mask, (q_in.shape[0], self.num_heads, q_in.shape[1], k_in.shape[1]),
+                              unbatched)
+        return q_in, k_in, v_in, mask, unbatched
 
+    def _check_inputs(self, q_in: F32, k_in: F32, v_in: F32, key_defaulted: bool,
+                      value_defaulted: bool) -> None:
+        """ValueError unless query, key and value fit the layer and each other."""
         def shapes() -> str:
-            return (f"query {_shape(q_in)}, key {_shape(k_in)}, value {_shape(v_in)} "
+            return (f"query {shape_str(q_in)}, key {shape_str(k_in)}, value {shape_str(v_in)} "
                     f"for {self!r} (kdim={self.kdim}, vdim={self.vdim})")
 
+        k_name = "key (defaulted to query)" if key_defaulted else "key"
+        v_name = "value" if not value_defaulted else (
+            "value (defaulted to query)" if key_defaulted else "value (defaulted to key)")
+        for a, name in ((q_in, "query"), (k_in, k_name), (v_in, v_name)):
+            if a.ndim not in (2, 3):
+                raise ValueError(f"{name} must be (B, L, features) or unbatched (L, features); "
+                                 f"got shape {shape_str(a)}")
         if not (q_in.ndim == k_in.ndim == v_in.ndim):
             raise ValueError(f"query, key and value must all be batched (B, L, features) or all "
                              f"unbatched (L, features); got {shapes()}")
-        k_name = "key (defaulted to query)" if key is None else "key"
-        v_name = "value" if value is not None else (
-            "value (defaulted to query)" if key is None else "value (defaulted to key)")
         for a, name, dim, attr in ((q_in, "query", self.d_model, "d_model"),
                                    (k_in, k_name, self.kdim, "kdim"),
                                    (v_in, v_name, self.vdim, "vdim")):
@@ -389,25 +360,23 @@ class MultiHeadAttention:
                                  f"{dim}; got {shapes()}")
         if k_in.shape[-2] != v_in.shape[-2]:
             raise ValueError(f"key and value must have the same length Lk; got {shapes()}")
-        unbatched = q_in.ndim == 2
-        if unbatched:
-            q_in, k_in, v_in = q_in[None], k_in[None], v_in[None]
-        elif not (q_in.shape[0] == k_in.shape[0] == v_in.shape[0]):
+        if q_in.ndim == 3 and not (q_in.shape[0] == k_in.shape[0] == v_in.shape[0]):
             raise ValueError(f"query, key and value must have the same batch size B; got {shapes()}")
 
-        if attn_mask is not None:
-            m = _asarray(attn_mask, "attn_mask")
-            if m.ndim == 3 and not unbatched and m.shape[0] != 1:
-                raise ValueError(
-                    f"a 3-D attn_mask {_shape(m)} is ambiguous for batched inputs: pass "
-                    f"mask[:, None] for a (B, Lq, Lk) mask, mask[None] for (H, Lq, Lk), or "
-                    f"mask.reshape(B, H, Lq, Lk) for torch's (B*H, Lq, Lk)")
-            if m.ndim > 4 or (unbatched and m.ndim == 4 and m.shape[0] != 1):
-                raise ValueError(f"attn_mask {_shape(m)} must broadcast to (B, H, Lq, Lk) = "
-                                 f"{(q_in.shape[0], self.num_heads, q_in.shape[1], k_in.shape[1])}"
-                                 f"{' (unbatched: (H, Lq, Lk))' if unbatched else ''}")
-            attn_mask = m
-        return q_in, k_in, v_in, attn_mask, unbatched
+    @staticmethod
+    def _mask(attn_mask: object, scores: Tuple[int, int, int, int], unbatched: bool) -> NDArray[Any]:
+        """The mask as an array; ValueError for the shapes that would broadcast to
+        ``scores`` (B, H, Lq, Lk) in a way the caller did not mean."""
+        m = as_array(attn_mask, "attn_mask")
+        if m.ndim == 3 and not unbatched and m.shape[0] != 1:
+            raise ValueError(
+                f"a 3-D attn_mask {shape_str(m)} is ambiguous for batched inputs: pass "
+                f"mask[:, None] for a (B, Lq, Lk) mask, mask[None] for (H, Lq, Lk), or "
+                f"mask.reshape(B, H, Lq, Lk) for torch's (B*H, Lq, Lk)")
+        if m.ndim > 4 or (unbatched and m.ndim == 4 and m.shape[0] != 1):
+            raise ValueError(f"attn_mask {shape_str(m)} must broadcast to (B, H, Lq, Lk) = "
+                             f"{scores}{' (unbatched: (H, Lq, Lk))' if unbatched else ''}")
+        return m
 
     def _project(self, q_in: NDArray[np.float32], k_in: NDArray[np.float32],
                  v_in: NDArray[np.float32]) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
@@ -474,43 +443,42 @@ class MultiHeadAttention:
             q, k, v, attn_mask=mask, is_causal=is_causal, layout="blhd",
             key_lengths=key_lengths, query_lengths=query_lengths)
         out = self._output(z)
-        B, Lq = z.shape[0], z.shape[1]
-        zf = z.reshape(B * Lq, -1)                                   # (B*Lq, H*D)
 
-        def vjp(dout: ArrayInput) -> Dict[str, NDArray[np.float32]]:
-            do = _as_input(dout, "dout")
+        def vjp(dout: ArrayInput) -> Dict[str, F32]:
+            do = as_float(dout, "dout")
             do = do[None] if unbatched else do
-            if do.shape != (B, Lq, self.d_model):
+            if do.shape != out.shape:
                 raise ValueError(f"dout must have the output's shape {out.shape[unbatched:]}; "
-                                 f"got {_shape(do)}")
-            g: Dict[str, NDArray[np.float32]] = {}
-            do2 = do.reshape(B * Lq, -1)                             # (B*Lq, d_model)
-            g["W_o"] = zf.T @ do2
-            if self.b_o is not None:
-                g["b_o"] = do2.sum(axis=0)
-            ga = attn_vjp((do2 @ self.W_o.T).reshape(z.shape))      # grads of q, k, v (B, L, H, D)
-            dx = {}
-            for n, x, gp in (("q", q_in, ga.query), ("k", k_in, ga.key), ("v", v_in, ga.value)):
-                gp2 = gp.reshape(-1, gp.shape[2] * gp.shape[3])      # (B*L, H*D)
-                x2 = x.reshape(-1, x.shape[-1])
-                g["W_" + n] = x2.T @ gp2
-                if getattr(self, "b_" + n) is not None:
-                    g["b_" + n] = gp2.sum(axis=0)
-                dx[n] = (gp2 @ getattr(self, "W_" + n).T).reshape(x.shape)
-            if key is None:          # key and value defaulted to query
-                g["query"] = dx["q"] + dx["k"] + dx["v"]
-            else:
-                g["query"] = dx["q"]
-                if value is None:    # value defaulted to key
-                    g["key"] = dx["k"] + dx["v"]
-                else:
-                    g["key"], g["value"] = dx["k"], dx["v"]
-            for n in ("query", "key", "value"):
-                if n in g and unbatched:
-                    g[n] = g[n][0]
+                                 f"got {shape_str(do)}")
+            g, dz = self._output_grads(z, do)
+            ga = attn_vjp(dz)
+            dx = {n: self._projection_grads(n, x, gp, g)
+                  for n, x, gp in (("q", q_in, ga.query), ("k", k_in, ga.key), ("v", v_in, ga.value))}
+            g.update(_input_grads(dx, key is None, value is None, unbatched))
             return {n: a.astype(np.float32, copy=False) for n, a in g.items()}
 
         return (out[0] if unbatched else out), vjp
+
+    def _output_grads(self, z: NDArray[Any], do: F32) -> Tuple[Dict[str, F32], NDArray[Any]]:
+        """The gradients of W_o (and b_o) for ``do`` (B, Lq, d_model), and that of
+        the heads ``z`` (B, Lq, H, D)."""
+        zf = z.reshape(-1, z.shape[2] * z.shape[3])                 # (B*Lq, H*D)
+        do2 = do.reshape(-1, do.shape[-1])                          # (B*Lq, d_model)
+        g = {"W_o": zf.T @ do2}
+        if self.b_o is not None:
+            g["b_o"] = do2.sum(axis=0)
+        return g, (do2 @ self.W_o.T).reshape(z.shape)
+
+    def _projection_grads(self, n: str, x: F32, gp: NDArray[Any], g: Dict[str, F32]) -> F32:
+        """Adds to ``g`` the gradients of W_n (and b_n), n in "q", "k", "v", for the
+        gradient ``gp`` (B, L, H, D) of the projection of ``x`` (B, L, features);
+        returns the gradient of ``x``."""
+        gp2 = gp.reshape(-1, gp.shape[2] * gp.shape[3])             # (B*L, H*D)
+        g["W_" + n] = x.reshape(-1, x.shape[-1]).T @ gp2
+        if getattr(self, "b_" + n) is not None:
+            g["b_" + n] = gp2.sum(axis=0)
+        dx: F32 = (gp2 @ getattr(self, "W_" + n).T).reshape(x.shape)
+        return dx
 
     # -------------------------------------------------------------------- torch
 
@@ -541,59 +509,7 @@ class MultiHeadAttention:
         >>> t = torch.nn.MultiheadAttention(64, 8, batch_first=True).eval()  # doctest: +SKIP
         >>> mha = attnx.MultiHeadAttention(64, 8).load_torch(t)    # doctest: +SKIP
         """
-        return self._load_torch(module, stacklevel=3)
-
-    def _load_torch(self: _M, module: Any, stacklevel: int) -> _M:
-        """:meth:`load_torch`; a dropout warning points ``stacklevel`` frames up (the caller's call)."""
-        torch = _import_torch()
-        if not isinstance(module, torch.nn.MultiheadAttention):
-            raise TypeError(f"module must be a torch.nn.MultiheadAttention; got {type(module).__name__}")
-        dropout = getattr(module, "dropout", 0.0)
-        if module.training and isinstance(dropout, (int, float)) and dropout > 0:
-            warnings.warn(
-                f"the torch.nn.MultiheadAttention is in training mode with dropout={dropout}: attnx "
-                f"computes attention without dropout, as the module does in eval mode (call "
-                f"module.eval() before comparing results)", UserWarning, stacklevel=stacklevel)
-        E, H = module.embed_dim, module.num_heads
-        theirs = (E, H, module.head_dim, module.kdim, module.vdim)
-        ours = (self.d_model, self.num_heads, self.d_head, self.kdim, self.vdim)
-        if theirs != ours:
-            raise ValueError(
-                f"the torch module has (embed_dim, num_heads, head_dim, kdim, vdim) = {theirs} but "
-                f"{self!r} has (d_model, num_heads, d_head, kdim, vdim) = {ours}; use "
-                f"MultiHeadAttention.from_torch(module) to make a matching layer")
-        if module.bias_k is not None or module.bias_v is not None:
-            raise ValueError("torch.nn.MultiheadAttention with add_bias_kv=True is not supported")
-        if module.add_zero_attn:
-            raise ValueError("torch.nn.MultiheadAttention with add_zero_attn=True is not supported")
-
-        if module.in_proj_weight is not None:   # packed (3E, E): rows [q; k; v]
-            w = module.in_proj_weight
-            wq, wk, wv = w[:E], w[E:2 * E], w[2 * E:]
-        else:                                   # separate, when kdim/vdim != E
-            wq, wk, wv = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
-        W_q, W_k, W_v = (_to_numpy(t, transpose=True) for t in (wq, wk, wv))
-        W_o = _to_numpy(module.out_proj.weight, transpose=True)
-
-        in_b, out_b = module.in_proj_bias, module.out_proj.bias
-        has_bias = in_b is not None or out_b is not None
-        b_q: Optional[NDArray[np.float32]]
-        b_k: Optional[NDArray[np.float32]]
-        b_v: Optional[NDArray[np.float32]]
-        b_o: Optional[NDArray[np.float32]]
-        if has_bias:
-            b_in = np.zeros(3 * E, np.float32) if in_b is None else _to_numpy(in_b)
-            b_q, b_k, b_v = (np.array(b_in[i * E:(i + 1) * E]) for i in range(3))
-            b_o = np.zeros(E, np.float32) if out_b is None else _to_numpy(out_b)
-        else:
-            b_q = b_k = b_v = b_o = None
-
-        # assign only once everything converted
-        self.W_q, self.W_k, self.W_v, self.W_o = W_q, W_k, W_v, W_o
-        self.b_q, self.b_k, self.b_v, self.b_o = b_q, b_k, b_v, b_o
-        self.bias = has_bias
-        self._check_parameters()
-        return self
+        return _torch_interop.load_torch(self, module, stacklevel=3)
 
     @classmethod
     def from_torch(cls: type[_M], module: Any) -> _M:
@@ -614,10 +530,4 @@ class MultiHeadAttention:
         >>> np.allclose(mha(x), ref, atol=1e-5)                               # doctest: +SKIP
         True
         """
-        torch = _import_torch()
-        if not isinstance(module, torch.nn.MultiheadAttention):
-            raise TypeError(f"module must be a torch.nn.MultiheadAttention; got {type(module).__name__}")
-        has_bias = module.in_proj_bias is not None or module.out_proj.bias is not None
-        self = cls(module.embed_dim, module.num_heads, module.head_dim, bias=has_bias,
-                   kdim=module.kdim, vdim=module.vdim, seed=0)
-        return self._load_torch(module, stacklevel=3)
+        return _torch_interop.from_torch(cls, module)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Tuple,
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._functional import _asarray, _shape
+from ._args import as_array, shape_str
 
 if TYPE_CHECKING:  # matplotlib is optional: its types only matter to a type checker
     from matplotlib.axes import Axes
@@ -70,22 +70,22 @@ def _as_weights(weights: Any) -> Tuple[NDArray[np.float64], bool]:
         weights = weights.detach().cpu()
     # the conversion of every attnx function: lazy torch bits resolved, DLPack,
     # masked arrays refused (float64 is drawn as it is: no float32 range check)
-    w = _asarray(weights, "weights", float32_range=False)
+    w = as_array(weights, "weights", float32_range=False)
     is_mask = w.dtype == np.bool_        # a mask: True = may attend, drawn as 1.0
     if not is_mask and not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.integer)):
-        raise TypeError(f"weights must be real numbers (or bool); got dtype {w.dtype} with shape {_shape(w)}")
+        raise TypeError(f"weights must be real numbers (or bool); got dtype {w.dtype} with shape {shape_str(w)}")
     return w.astype(np.float64, copy=False), is_mask
 
 
 def _select_heads(w: NDArray[np.float64], head: Any
                   ) -> Tuple[List[NDArray[np.float64]], List[Optional[str]]]:
     """(heads, labels): a list of (Lq, Lk) arrays and their titles (None for a plain matrix)."""
-    shape = _shape(w)
+    shape = shape_str(w)
     if w.ndim == 4:
         if w.shape[0] != 1:
             raise ValueError(
                 f"weights of shape {shape} hold a batch of {w.shape[0]}; plot one item at a time, "
-                f"e.g. weights[0] of shape {_shape(w[0])}")
+                f"e.g. weights[0] of shape {shape_str(w[0])}")
         w = w[0]
     elif w.ndim not in (2, 3):
         raise ValueError(
@@ -241,12 +241,12 @@ def plot_attention(weights: ArrayLike, query_tokens: Optional[Sequence[str]] = N
     w, is_mask = _as_weights(weights)
     heads, names = _select_heads(w, head)
     Lq, Lk = heads[0].shape
-    q_labels, k_labels = _labels(query_tokens, key_tokens, Lq, Lk, _shape(w))
+    q_labels, k_labels = _labels(query_tokens, key_tokens, Lq, Lk, shape_str(w))
     if title is not None and not isinstance(title, str):
         raise TypeError(f"title must be a str; got {type(title).__name__}")
     if ax is not None and len(heads) != 1:
         raise ValueError(
-            f"ax= draws one heatmap but weights of shape {_shape(w)} give {len(heads)} heads; "
+            f"ax= draws one heatmap but weights of shape {shape_str(w)} give {len(heads)} heads; "
             f"choose one with head=")
 
     plt = _pyplot()

@@ -22,13 +22,16 @@ Semantics (shared with the C core):
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Tuple, Union, overload
+from typing import Any, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _attnx
-from ._functional import _CAUSAL_ARG, ArrayInput, Causal, Layout, _asarray, _check_flag
+from ._args import (CAUSAL_ARG, ArrayInput, Causal, Layout, as_array, attention_args, check_flag,
+                    default_scale)
+
+F64 = NDArray[np.float64]
 
 __all__ = ["reference", "reference_attention"]
 
@@ -37,7 +40,7 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
                         attn_mask: Optional[ArrayInput] = None, is_causal: Causal = False,
                         scale: Optional[float] = None, key_lengths: Optional[ArrayLike] = None,
                         query_lengths: Optional[ArrayLike] = None,
-                        ) -> Tuple[NDArray[np.float64], NDArray[np.float64]]:
+                        ) -> Tuple[F64, F64]:
     """Float64 attention on already-normalised 4-D arrays.
 
     q: (B, Hq, Lq, E), k: (B, Hk, Lk, E), v: (B, Hk, Lk, Ev), Hq % Hk == 0.
@@ -49,44 +52,61 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
 
     Returns (out (B, Hq, Lq, Ev), weights (B, Hq, Lq, Lk)), both float64.
     """
-    q = np.asarray(_asarray(q, "q"), dtype=np.float64)
-    k = np.asarray(_asarray(k, "k"), dtype=np.float64)
-    v = np.asarray(_asarray(v, "v"), dtype=np.float64)
+    q, k, v = (_float64(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v")))
     B, Hq, Lq, E = q.shape
     Hk, Lk = k.shape[1], k.shape[2]
     group = Hq // Hk if Hk else 1
     k = np.repeat(k, group, axis=1)
     v = np.repeat(v, group, axis=1)
     if scale is None:
-        scale = 1.0 / float(np.sqrt(E)) if E > 0 else 1.0
-
+        scale = default_scale(E)
     with np.errstate(invalid="ignore", over="ignore"):
         scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-    allowed = np.ones((B, Hq, Lq, Lk), dtype=bool)
-    if attn_mask is not None:
-        mask = _asarray(attn_mask, "attn_mask")
-        if mask.dtype == np.bool_:
-            allowed &= mask
-        else:
-            scores = scores + mask.astype(np.float64)
+    mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+    if mask is not None and mask.dtype != np.bool_:
+        scores = scores + mask.astype(np.float64)
+        mask = None
+    allowed, row_ok = _allowed(scores.shape, mask, is_causal, key_lengths, query_lengths)
+    w = _softmax(np.where(allowed, scores, -np.inf), allowed)
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = np.where(row_ok, w, 0.0)
+        # masked keys contribute nothing, whatever their values hold
+        out = _weighted_sum(w, v)
+    return out, w
+
+
+def _float64(x: object, name: str) -> F64:
+    return np.asarray(as_array(x, name), dtype=np.float64)
+
+
+def _allowed(shape: Tuple[int, ...], bool_mask: Optional[NDArray[np.bool_]], is_causal: Causal,
+             key_lengths: object, query_lengths: object) -> Tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Which scores of (B, H, Lq, Lk) are allowed (the bool mask, the causal
+    rule and key_lengths, by AND), and which query rows lie inside query_lengths."""
+    B, Hq, Lq, Lk = shape
+    allowed = np.ones(shape, dtype=bool)
+    if bool_mask is not None:
+        allowed &= bool_mask
     if is_causal:
         offset = Lk - Lq if is_causal == "lower_right" else 0
-        i = np.arange(Lq)[:, None]
-        j = np.arange(Lk)[None, :]
-        allowed &= j <= i + offset
+        allowed &= np.arange(Lk)[None, :] <= np.arange(Lq)[:, None] + offset
     if key_lengths is not None:
-        kl = np.broadcast_to(_asarray(key_lengths, "key_lengths"), (B, Hq))
+        kl = np.broadcast_to(as_array(key_lengths, "key_lengths"), (B, Hq))
         allowed &= np.arange(Lk)[None, None, None, :] < kl[:, :, None, None]
     row_ok = np.ones((B, Hq, Lq, 1), dtype=bool)
     if query_lengths is not None:
-        ql = np.broadcast_to(_asarray(query_lengths, "query_lengths"), (B, Hq))
+        ql = np.broadcast_to(as_array(query_lengths, "query_lengths"), (B, Hq))
         row_ok = np.arange(Lq)[None, None, :, None] < ql[:, :, None, None]
+    return allowed, row_ok
 
-    scores = np.where(allowed, scores, -np.inf)
-    if Lk > 0:
+
+def _softmax(scores: F64, allowed: NDArray[np.bool_]) -> F64:
+    """The weights of each row's allowed scores (others -inf): zeros for a row
+    with none or all -inf, never NaN; NaN and +inf propagate."""
+    if scores.shape[-1] > 0:
         m = np.max(scores, axis=-1, keepdims=True)
     else:
-        m = np.zeros((B, Hq, Lq, 1))
+        m = np.zeros(scores.shape[:-1] + (1,))
     m = np.where(m == -np.inf, 0.0, m)
     with np.errstate(invalid="ignore", over="ignore"):
         # the kernels' exp is exactly 0 below EXP_FLUSH_BELOW (-87.34: e^x is
@@ -94,14 +114,11 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
         p = np.where(scores - m < _attnx.EXP_FLUSH_BELOW, 0.0, np.exp(scores - m))
         p = np.where(allowed, p, 0.0)
         s = np.sum(p, axis=-1, keepdims=True)
-        w = np.where(s == 0, 0.0, p / np.where(s == 0, 1.0, s))
-        w = np.where(row_ok, w, 0.0)
-        # masked keys contribute nothing, whatever their values hold
-        out = _weighted_sum(w, v)
-    return out, w
+        w: F64 = np.where(s == 0, 0.0, p / np.where(s == 0, 1.0, s))
+    return w
 
 
-def _weighted_sum(w: NDArray[np.float64], v: NDArray[np.float64]) -> NDArray[np.float64]:
+def _weighted_sum(w: F64, v: F64) -> F64:
     """out[..., i, :] = sum over j with w[..., i, j] != 0 of w[..., i, j] * v[..., j, :].
 
     Keys with zero weight (masked, padded, or -inf scores) are left out of the
@@ -109,7 +126,7 @@ def _weighted_sum(w: NDArray[np.float64], v: NDArray[np.float64]) -> NDArray[np.
     (0 * inf would be NaN). NaN weights are kept: they propagate.
     """
     if np.isfinite(v).all():
-        out: NDArray[np.float64] = np.matmul(w, v)
+        out: F64 = np.matmul(w, v)
         return out
     B, H, Lq, Lk = w.shape
     out = np.zeros((B, H, Lq, v.shape[-1]))
@@ -127,7 +144,7 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               is_causal: Causal = False, scale: Optional[float] = None,
               enable_gqa: bool = False, *, layout: Layout = "bhld",
               key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
-              need_weights: Literal[False] = False) -> NDArray[np.float64]: ...
+              need_weights: Literal[False] = False) -> F64: ...
 
 
 @overload
@@ -136,7 +153,7 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               is_causal: Causal = False, scale: Optional[float] = None,
               enable_gqa: bool = False, *, layout: Layout = "bhld",
               key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
-              need_weights: Literal[True]) -> Tuple[NDArray[np.float64], NDArray[np.float64]]: ...
+              need_weights: Literal[True]) -> Tuple[F64, F64]: ...
 
 
 @overload
@@ -146,16 +163,10 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               enable_gqa: bool = False, *, layout: Layout = "bhld",
               key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
               need_weights: bool = False,
-              ) -> Union[NDArray[np.float64], Tuple[NDArray[np.float64], NDArray[np.float64]]]: ...
+              ) -> Union[F64, Tuple[F64, F64]]: ...
 
 
-def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
-              attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-              is_causal: Causal = False, scale: Optional[float] = None,
-              enable_gqa: bool = False, *, layout: Layout = "bhld",
-              key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
-              need_weights: bool = False,
-              ) -> Union[NDArray[np.float64], Tuple[NDArray[np.float64], NDArray[np.float64]]]:
+def reference(*args: Any, need_weights: bool = False, **kwargs: Any) -> Any:
     """``scaled_dot_product_attention`` computed in float64 with plain NumPy.
 
     Same arguments, shapes and checks as :func:`attnx.scaled_dot_product_attention`;
@@ -191,19 +202,16 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     ...                  atol=1e-5, rtol=5e-6))
     True
     """
-    from ._functional import _allocate, _finish, _prepare
-
-    need_weights = _check_flag(need_weights, "need_weights")
-    p = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                 layout, key_lengths, query_lengths, np.float64)
-    out, out_v, weights = _allocate(p, need_weights, np.float64)
-    causal: Causal = _CAUSAL_ARG[p.causal]
+    need_weights = check_flag(need_weights, "need_weights")
+    # the arguments' names, order and defaults are attention_args's (the overloads above
+    # spell them for type checkers)
+    p = attention_args(*args, **kwargs).astype(np.float64)
     q, k, v, mask = p.folded()
-    o, w = reference_attention(q, k, v, mask, causal, p.scale, p.key_lengths, p.query_lengths)
-    out_v[...] = o.reshape(out_v.shape)
-    if weights is not None:
-        weights[...] = w.reshape(weights.shape)
-    return _finish(p, out, weights, need_weights)
+    o, w = reference_attention(q, k, v, mask, CAUSAL_ARG[p.causal], p.scale, p.key_lengths,
+                               p.query_lengths)
+    out = np.empty(p.caller_shape(p.out_shape))
+    p.core_view(out)[...] = o.reshape(p.out_shape)
+    return p.results(out, w.reshape(p.scores_shape) if need_weights else None)
 
 
 def reference_attention_backward(dout: ArrayInput, q: ArrayInput, k: ArrayInput, v: ArrayInput,
@@ -211,8 +219,7 @@ def reference_attention_backward(dout: ArrayInput, q: ArrayInput, k: ArrayInput,
                                  scale: Optional[float] = None,
                                  key_lengths: Optional[ArrayLike] = None,
                                  query_lengths: Optional[ArrayLike] = None,
-                                 ) -> Tuple[NDArray[np.float64], NDArray[np.float64],
-                                            NDArray[np.float64], NDArray[np.float64]]:
+                                 ) -> Tuple[F64, F64, F64, F64]:
     """Float64 gradients of :func:`reference_attention` for an upstream gradient
     ``dout`` (B, Hq, Lq, Ev), on the same already-normalised 4-D arrays.
 
@@ -225,15 +232,13 @@ def reference_attention_backward(dout: ArrayInput, q: ArrayInput, k: ArrayInput,
     dscores (B, Hq, Lq, Lk)), float64: dscores is the gradient of a float mask
     before any reduction over its broadcast axes.
     """
-    qq = np.asarray(_asarray(q, "q"), dtype=np.float64)
-    kk = np.asarray(_asarray(k, "k"), dtype=np.float64)
-    vv = np.asarray(_asarray(v, "v"), dtype=np.float64)
-    do = np.asarray(_asarray(dout, "dout"), dtype=np.float64)
+    qq, kk, vv, do = (_float64(a, name)
+                      for a, name in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
     B, Hq, Lq, E = qq.shape
     Hk = kk.shape[1]
     group = Hq // Hk if Hk else 1
     if scale is None:
-        scale = 1.0 / float(np.sqrt(E)) if E > 0 else 1.0
+        scale = default_scale(E)
     out, p = reference_attention(qq, kk, vv, attn_mask, is_causal, scale, key_lengths, query_lengths)
     kr, vr = np.repeat(kk, group, axis=1), np.repeat(vv, group, axis=1)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -15,7 +15,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import torch
 
-from ._functional import Causal, Layout
+from ._args import Causal, Layout
 from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
 

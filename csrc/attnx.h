@@ -3,8 +3,8 @@
  *   out = softmax(scale * Q Kᵀ + mask) V
  *
  * The C core knows nothing of Python: one problem struct of pointers and
- * element strides goes in, an error code comes out. A caller (module.c, or a
- * plain C test) fills the struct and calls attnx_forward().
+ * element strides goes in, an error code comes out. A caller (python/module.c,
+ * or a plain C test) fills the struct and calls attnx_forward().
  *
  * Shapes, in elements; every array's last axis is contiguous (stride 1):
  *   q       (B, Hq, Lq, D)
@@ -27,52 +27,65 @@ extern "C" {
 
 typedef enum {
     ATTNX_OK = 0,
-    ATTNX_ERR_NULL,      /* a required pointer is NULL */
-    ATTNX_ERR_SHAPE,     /* a negative size, or Hq not a multiple of Hk */
-    ATTNX_ERR_ARG,       /* an enum out of range, or a scale that is not finite */
-    ATTNX_ERR_LENGTH,    /* a key or query length outside [0, L] */
-    ATTNX_ERR_OVERFLOW,  /* a size whose byte count does not fit in size_t */
-    ATTNX_ERR_NOMEM,     /* scratch memory could not be allocated */
-    ATTNX_ERR_ISA        /* the requested instruction set is not available */
+    ATTNX_ERR_NULL,     /* a required pointer is NULL */
+    ATTNX_ERR_SHAPE,    /* a negative size, or Hq not a multiple of Hk */
+    ATTNX_ERR_ARG,      /* an enum out of range, or a scale that is not finite */
+    ATTNX_ERR_LENGTH,   /* a key or query length outside [0, L] */
+    ATTNX_ERR_OVERFLOW, /* a size whose byte count does not fit in size_t */
+    ATTNX_ERR_NOMEM,    /* scratch memory could not be allocated */
+    ATTNX_ERR_ISA       /* the requested instruction set is not available */
 } attnx_status;
 
 typedef enum { ATTNX_MASK_NONE = 0, ATTNX_MASK_BOOL, ATTNX_MASK_FLOAT } attnx_mask_kind;
 
 typedef enum {
     ATTNX_CAUSAL_NONE = 0,
-    ATTNX_CAUSAL_UPPER_LEFT,  /* query i sees keys j <= i (PyTorch's is_causal) */
-    ATTNX_CAUSAL_LOWER_RIGHT  /* query i sees keys j <= i + Lk - Lq (decoding) */
+    ATTNX_CAUSAL_UPPER_LEFT, /* query i sees keys j <= i (PyTorch's is_causal) */
+    ATTNX_CAUSAL_LOWER_RIGHT /* query i sees keys j <= i + Lk - Lq (decoding) */
 } attnx_causal;
 
-/* A read-only 4-D float32 operand: element strides of its first three axes. */
+/* A read-only float32 array of up to 4 axes (b, h, l, e): element (b, h, l, e)
+ * at data[b*sb + h*sh + l*sl + e]; the last axis is contiguous. */
 typedef struct {
     const float *data;
     int64_t sb, sh, sl;
 } attnx_tensor;
 
+/* The same, written by the core. */
+typedef struct {
+    float *data;
+    int64_t sb, sh, sl;
+} attnx_out_tensor;
+
+/* A mask over the scores (B, Hq, Lq, Lk): element (b, h, i, j) at
+ * data[b*sb + h*sh + i*sq + j*sk], strides of any sign (0 = broadcast).
+ * kind: attnx_mask_kind; a bool mask is 1 byte an element, nonzero = attend;
+ * a float mask is added to the scores. */
+typedef struct {
+    int kind;
+    const void *data;
+    int64_t sb, sh, sq, sk;
+} attnx_mask;
+
+/* Per-head lengths (B, Hq) int64: element (b, h) at data[b*sb + h*sh];
+ * data NULL = the whole axis. */
+typedef struct {
+    const int64_t *data;
+    int64_t sb, sh;
+} attnx_lengths;
+
 typedef struct {
     int64_t B, Hq, Hk, Lq, Lk, D, Dv;
-    attnx_tensor q, k, v;
-
-    float *out;                      /* (B, Hq, Lq, Dv) */
-    int64_t out_sb, out_sh, out_sl;
-
-    float *weights;                  /* (B, Hq, Lq, Lk) C-contiguous, or NULL */
-    float *lse;                      /* (B, Hq, Lq) or NULL: log of each row's softmax sum */
-    int64_t lse_sb, lse_sh, lse_sl;
-
-    int mask_kind;                   /* attnx_mask_kind; bool masks are 1 byte, nonzero = attend */
-    const void *mask;
-    int64_t mask_sb, mask_sh, mask_sq, mask_sk;
-
-    int causal;                      /* attnx_causal */
-    const int64_t *key_lengths;      /* (B, Hq) or NULL */
-    int64_t kl_sb, kl_sh;
-    const int64_t *query_lengths;    /* (B, Hq) or NULL */
-    int64_t ql_sb, ql_sh;
-
+    attnx_tensor q, k, v;        /* (B, Hq, Lq, D), (B, Hk, Lk, D), (B, Hk, Lk, Dv) */
+    attnx_out_tensor out;        /* (B, Hq, Lq, Dv) */
+    float *weights;              /* (B, Hq, Lq, Lk) C-contiguous, or NULL */
+    attnx_out_tensor lse;        /* (B, Hq, Lq) or data NULL: log of each row's softmax sum */
+    attnx_mask mask;             /* kind ATTNX_MASK_NONE: no mask */
+    int causal;                  /* attnx_causal */
+    attnx_lengths key_lengths;   /* keys [0, key_lengths[b, h]) are attended */
+    attnx_lengths query_lengths; /* query rows past query_lengths[b, h] give zeros */
     float scale;
-    int num_threads;                 /* <= 0: attnx_get_num_threads() */
+    int num_threads; /* <= 0: attnx_get_num_threads() */
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only
@@ -81,17 +94,17 @@ typedef struct {
  * scores s of row i: -inf for a row with no allowed key (or past query_lengths). */
 attnx_status attnx_forward(const attnx_problem *p);
 
-/* A float32 4-D array the core writes: element strides of its first three axes. */
-typedef struct {
-    float *data;
-    int64_t sb, sh, sl;
-} attnx_out_tensor;
+/* The check attnx_forward makes before it runs: ATTNX_OK, or the error code
+ * it would return with *field (when field is not NULL) naming the member of
+ * the problem at fault: "Hk", "causal", "scale", "mask.kind", "q.data",
+ * "key_lengths", "size" (a byte count overflows), ... (NULL when valid). */
+attnx_status attnx_check_problem(const attnx_problem *p, const char **field);
 
 /* The backward pass of attnx_forward for an upstream gradient dout:
  *   f      the forward problem (q, k, v, mask, lengths, causal, scale; its out,
  *          weights and lse are not used)
  *   o      (B, Hq, Lq, Dv) the forward's output      dout (B, Hq, Lq, Dv)
- *   lse    (B, Hq, Lq) the forward's lse (element strides lse_sb, lse_sh, lse_sl)
+ *   lse    (B, Hq, Lq) the forward's lse
  *   dq     (B, Hq, Lq, D)   dk (B, Hk, Lk, D)   dv (B, Hk, Lk, Dv): written whole
  *   dmask  (B, Hq, Lq, Lk) C-contiguous, or NULL: d(scores) of the allowed
  *          entries added in; the caller zeroes it (entries never visited stay 0)
@@ -99,30 +112,33 @@ typedef struct {
 typedef struct {
     attnx_problem f;
     attnx_tensor o, dout;
-    const float *lse;
-    int64_t lse_sb, lse_sh, lse_sl;
+    attnx_tensor lse;
     attnx_out_tensor dq, dk, dv;
     float *dmask;
 } attnx_grad_problem;
+
+/* As attnx_check_problem, for the backward: *field names the member of g at
+ * fault ("dq.data", "lse.data", or "f.<member>" for the forward problem). */
+attnx_status attnx_check_grad_problem(const attnx_grad_problem *g, const char **field);
 
 attnx_status attnx_backward(const attnx_grad_problem *g);
 
 const char *attnx_strerror(attnx_status status);
 
 /* Instruction sets: chosen once from cpuid, overridable by the environment
- * variable ATTNX_ISA=scalar|avx2|avx512 or attnx_set_isa(). */
-const char *attnx_isa_name(void);                  /* the one in use */
-int attnx_isa_available(const char *name);         /* 1 if compiled in and supported by the CPU */
+ * variable ATTNX_ISA=scalar|avx2|avx512|neon or attnx_set_isa(). */
+const char *attnx_isa_name(void);          /* the one in use */
+int attnx_isa_available(const char *name); /* 1 if compiled in and supported by the CPU */
 attnx_status attnx_set_isa(const char *name);
 
 /* Every instruction set the core knows, in order: name_at(0 .. count-1). */
 int attnx_isa_count(void);
-const char *attnx_isa_name_at(int i);              /* NULL outside [0, count) */
+const char *attnx_isa_name_at(int i); /* NULL outside [0, count) */
 
-#define ATTNX_MAX_THREADS 256                      /* more threads than this are not used */
+#define ATTNX_MAX_THREADS 256 /* more threads than this are not used */
 
 int attnx_get_num_threads(void);
-void attnx_set_num_threads(int n);                 /* n <= 0: the default */
+void attnx_set_num_threads(int n); /* n <= 0: the default */
 
 #ifdef __cplusplus
 }

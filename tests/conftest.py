@@ -7,7 +7,12 @@
   CI job runs the whole suite on its own kernels.
 * ``rng``: a NumPy Generator seeded from the test's id (reproducible, and
   different for every parametrised case).
-* ``randn`` / ``make_qkv``: random float32 inputs.
+* ``randn`` / ``make_qkv``: random float32 inputs; ``random_bool_mask``,
+  ``random_float_mask``, ``random_mask``: random masks.
+* ``naive``: an independent float64 attention on explicit, fully materialised
+  4-D arrays built by the test itself. ``attnx.reference`` shares the argument
+  handling of ``attnx.scaled_dot_product_attention`` (layout, broadcasting,
+  lengths), so the tests of that handling check against ``naive`` as well.
 * ``assert_close(actual, expected64)``: the project's accuracy bar against the
   float64 reference, atol=1e-5 and rtol=5e-6; NaN positions must match and
   infinities must be equal.
@@ -15,6 +20,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import zlib
 
@@ -94,6 +100,52 @@ def random_float_mask(rng, shape, p_inf=0.2):
     m = rng.standard_normal(shape).astype(np.float32)
     m[rng.random(shape) < p_inf] = -np.inf
     return m
+
+
+def random_mask(rng, kind, shape):
+    """A random mask of ``kind`` "bool" or "float"; a 0-d bool mask is True and
+    a 0-d float mask finite (either would otherwise block every key)."""
+    if kind == "bool":
+        m = random_bool_mask(rng, shape)
+        if shape == ():
+            m = np.array(True)
+        return m
+    return random_float_mask(rng, shape, p_inf=0.0 if shape == () else 0.2)
+
+
+# ------------------------------------------------------------------ oracle
+
+def naive(q, k, v, allowed=None, add=None, scale=None, row_ok=None):
+    """Independent float64 attention on explicit 4-D arrays with finite inputs.
+
+    q (B, H, Lq, E), k (B, H, Lk, E), v (B, H, Lk, Ev) (same heads);
+    ``allowed``: bool broadcastable to the scores; ``add``: float added to
+    them; ``row_ok``: bool (B, H, Lq, 1), rows that are False give zeros.
+    A row with nothing allowed (or only -inf scores) gives zeros.
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    E = q.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(E) if E else 1.0
+    s = np.einsum("bhie,bhje->bhij", q, k) * scale
+    if add is not None:
+        s = s + np.asarray(add, dtype=np.float64)
+    ok = np.ones(s.shape, dtype=bool)
+    if allowed is not None:
+        ok &= np.broadcast_to(allowed, s.shape)
+    ok &= s > -np.inf
+    s = np.where(ok, s, -np.inf)
+    if s.shape[-1]:
+        m = s.max(axis=-1, keepdims=True)
+    else:
+        m = np.zeros(s.shape[:-1] + (1,))
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.where(ok, np.exp(s - m), 0.0)
+    tot = p.sum(axis=-1, keepdims=True)
+    w = np.divide(p, tot, out=np.zeros_like(p), where=tot > 0)
+    if row_ok is not None:
+        w = w * row_ok
+    return np.einsum("bhij,bhjd->bhid", w, v), w
 
 
 # -------------------------------------------------------------- assertions

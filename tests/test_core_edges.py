@@ -14,7 +14,8 @@ import pytest
 
 import attnx
 from attnx import _attnx
-from attnx._functional import _core_calls, _prepare
+from attnx._args import attention_args
+from attnx._functional import _core_calls
 
 from conftest import assert_close, make_qkv, randn
 
@@ -91,7 +92,7 @@ def test_masks_over_batch_axes_are_views(rng, mask_shape, kind):
     equals the float64 reference."""
     q, k, v = make_qkv(rng, B=(2, 3), Hq=4, Lq=5, Lk=7, E=8)
     m = rng.random(mask_shape) > 0.3 if kind == "bool" else randn(rng, mask_shape)
-    p = _prepare(q, k, v, m, 0.0, False, None, False, "bhld", None, None, np.float32)
+    p = attention_args(q, k, v, m, 0.0, False, None, False, layout="bhld").astype(np.float32)
     out = np.empty((2, 3, 4, 5, 8), np.float32)
     calls = list(_core_calls(p, out, None))
     for c in calls:
@@ -106,7 +107,8 @@ def test_strided_batch_axes_are_read_in_place(rng):
     big = randn(rng, (2, 7, 4, 9, 8))
     q, k, v = big[:, 0:6:2], big[:, 1:7:2], big[:, 0:6:2, :, :, :4]
     kl = np.array([[9, 3, 0], [1, 9, 5]])
-    p = _prepare(q, k, v, None, 0.0, True, None, False, "bhld", kl, None, np.float32)
+    p = attention_args(q, k, v, None, 0.0, True, None, False, layout="bhld",
+                       key_lengths=kl).astype(np.float32)
     out = np.empty((2, 3, 4, 9, 4), np.float32)
     calls = list(_core_calls(p, out, None))
     assert len(calls) == 2 and all(np.shares_memory(c.q, big) for c in calls)

@@ -1,7 +1,7 @@
 """The shortcut for the common call: (B, H, L, E) float32 arrays, no options.
 
 ``scaled_dot_product_attention`` skips its general argument handling
-(``_prepare``) when the call is plain; these tests make sure the shortcut is
+(``attention_args``) when the call is plain; these tests make sure the shortcut is
 taken exactly when it may be, gives bit-identical results to the general
 path, and never lets an unusual argument through unchecked.
 """
@@ -19,16 +19,16 @@ sdpa = attnx.scaled_dot_product_attention
 
 
 @pytest.fixture
-def no_prepare(monkeypatch):
+def no_general_path(monkeypatch):
     """Make the general path fail loudly: a call that reaches it raises."""
     def refuse(*args, **kwargs):
         raise AssertionError("took the general path")
-    monkeypatch.setattr(_functional, "_prepare", refuse)
+    monkeypatch.setattr(_functional, "attention_args", refuse)
 
 
 @pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"scale": 0.3}, {"dropout_p": 0.0},
                                 {"is_causal": False, "scale": None}], ids=str)
-def test_plain_calls_take_the_shortcut(isa, rng, no_prepare, kw):
+def test_plain_calls_take_the_shortcut(isa, rng, no_general_path, kw):
     q, k, v = make_qkv(rng, B=(2,), Hq=3, Lq=17, Lk=19, E=8, Ev=5)
     out = sdpa(q, k, v, **kw)
     assert out.shape == (2, 3, 17, 5) and out.dtype == np.float32
@@ -64,13 +64,13 @@ def _odd_cases(rng):
 def test_anything_unusual_takes_the_general_path(rng, monkeypatch, case):
     args, kw = {c[0]: c[1:] for c in _odd_cases(rng)}[case]
     calls = []
-    real = _functional._prepare
+    real = _functional.attention_args
 
     def spy(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(_functional, "_prepare", spy)
+    monkeypatch.setattr(_functional, "attention_args", spy)
     sdpa(*args, **kw)
     assert calls, f"{case} skipped the general argument handling"
 

@@ -1,5 +1,5 @@
 """Regressions for input defects: every array argument of the public API goes
-through one conversion (``attnx._functional._asarray``), which must never give
+through one conversion (``attnx._args.as_array``), which must never give
 a silently wrong value.
 
 A. torch tensors with the lazy negative/conjugate bit (``z.conj().imag``) and

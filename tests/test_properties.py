@@ -58,7 +58,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import attnx  # noqa: E402
 from attnx import _attnx  # noqa: E402
-from attnx._functional import _prepare  # noqa: E402
+from attnx._args import attention_args  # noqa: E402
 from conftest import ATOL, RTOL, assert_close  # noqa: E402
 
 EPS32 = 2.0 ** -24
@@ -233,8 +233,9 @@ def _compare(got_out, got_w, ref_out, ref_w, args, kwargs, info):
 
     # the same problem as the core sees it: (B, H, L, E) float64 views
     kw = {k: v for k, v in kwargs.items() if k != "need_weights"}
-    p = _prepare(*args, kw["attn_mask"], 0.0, kw["is_causal"], kw["scale"], kw["enable_gqa"],
-                 layout, kw.get("key_lengths"), kw.get("query_lengths"), np.float64)
+    p = attention_args(*args, kw["attn_mask"], 0.0, kw["is_causal"], kw["scale"], kw["enable_gqa"],
+                       layout=layout, key_lengths=kw.get("key_lengths"),
+                       query_lengths=kw.get("query_lengths")).astype(np.float64)
     p_q, p_k, p_v, p_mask = p.folded()
     group = Hq // p_k.shape[1] if p_k.shape[1] else 1
     k = np.repeat(p_k, group, axis=1)

@@ -21,7 +21,7 @@ def layout_block() -> str:
 
 def test_layout_names_every_c_source():
     block = layout_block()
-    missing = [p.name for p in sorted((ROOT / "csrc").glob("*.c")) if p.name not in block]
+    missing = [p.name for p in sorted((ROOT / "csrc").rglob("*.c")) if p.name not in block]
     assert not missing, f"README's layout section does not mention {missing}"
 
 

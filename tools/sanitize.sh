@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AddressSanitizer + UndefinedBehaviorSanitizer run of attnx.
 #
-#   tools/sanitize.sh            build a sanitized copy, run the C core test and
+#   tools/sanitize.sh            build a sanitized copy, run the C core tests and
 #                                the whole pytest suite once per instruction set
 #   tools/sanitize.sh --build    only build; prints the directory of the copy
 #                                (tools/fuzz.sh uses this)
@@ -22,7 +22,8 @@
 #                        (ATTNX_SANITIZE_SUBSET; the suite under ASan takes
 #                        ~4 min an ISA here, mostly the hypothesis tests)
 #   ATTNX_SANITIZE_SUBSET  pytest paths for those other ISAs
-#   ATTNX_SANITIZE_C_CASES  cases of tests/c/test_core.c (default 150; 0 skips it)
+#   ATTNX_SANITIZE_C_CASES  cases of tests/c/test_forward.c (tests/c/run.sh, which
+#                        also runs tests/c/test_kernels.c; default 150; 0 skips both)
 #   PYTEST_ADDOPTS       passed on to pytest as usual
 #
 # Exits non-zero when a test fails or any sanitizer reports anything (in the
@@ -116,14 +117,14 @@ check_logs() {   # any report file means a sanitizer spoke, even in a child
     fi
 }
 
-# ---- 2. the C core test, leak detection on ----------------------------------
+# ---- 2. the C core tests, leak detection on ----------------------------------
 if [[ ${ATTNX_SANITIZE_C_CASES:-150} != 0 ]]; then
-echo "== C core test under ASan+UBSan (leak detection on)"
+echo "== C core tests under ASan+UBSan (leak detection on)"
 t0=$SECONDS
 ASAN_OPTIONS="detect_leaks=1:$common" UBSAN_OPTIONS="$ubsan" \
     CFLAGS="$SAN_CFLAGS" LDFLAGS="$SAN_LDFLAGS" \
-    "$tree/tests/c/run.sh" "$CC" "${ATTNX_SANITIZE_C_CASES:-150}" || { check_logs "the C core test"; exit 1; }
-check_logs "the C core test"
+    "$tree/tests/c/run.sh" "$CC" "${ATTNX_SANITIZE_C_CASES:-150}" || { check_logs "the C core tests"; exit 1; }
+check_logs "the C core tests"
 echo "   $((SECONDS - t0)) s"
 fi
 

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Build the core with no Python and run its plain C test: tests/c/run.sh [cc] [cases] [runner]
+# Build the core with no Python and run its plain C tests:
+#   tests/c/run.sh [cc] [cases] [runner]
+# test_kernels: each instruction set's kernels against the scalar ones;
+# test_forward: attnx_forward on [cases] random problems (default 300)
+# against a naive attention. The core's sources come from csrc/sources.txt.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cc=${1:-cc}
 out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
 mapfile -t core < <(grep -v '^#' "$here/csrc/sources.txt" | sed "s|^|$here/csrc/|")
-$cc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter ${CFLAGS:-} -I"$here/csrc" \
-    "${core[@]}" "$here"/tests/c/test_core.c -o "$out/test_core" -lm -lpthread ${LDFLAGS:-}
-${3:-} "$out/test_core" "${2:-300}"
+for t in test_kernels test_forward; do
+    $cc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter ${CFLAGS:-} -I"$here/csrc" \
+        "${core[@]}" "$here/tests/c/$t.c" -o "$out/$t" -lm -lpthread ${LDFLAGS:-}
+done
+${3:-} "$out/test_kernels"
+${3:-} "$out/test_forward" "${2:-300}"

@@ -13,15 +13,16 @@ src=$(cd "$here/../../csrc" && pwd)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 what=${1:-}; shift || true
+# the core's sources: the one list every build reads
+mapfile -t core < <(grep -v '^#' "$src/sources.txt" | sed "s|^|$src/|")
 case "$what" in
   peak)
     cc -O2 "$here/fma_peak.c" -o "$out/peak"
     for ((i = 0; i < $(nproc); i++)); do "$out/peak" & done; wait ;;
   tiles)
-    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "$src"/kernels_*.c "$here/tile_kernels.c" -o "$out/tiles" -lm
+    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/tile_kernels.c" -o "$out/tiles" -lm -lpthread
     "$out/tiles" "$@" ;;
   forward)
-    mapfile -t core < <(grep -v '^#' "$src/sources.txt" | sed "s|^|$src/|")
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/forward.c" -o "$out/forward" -lm -lpthread
     "$out/forward" "$@" ;;
   *) sed -n '2,9p' "$0"; exit 2 ;;

@@ -5,7 +5,7 @@
  * (NT=8 at D=128) or L3 (NT=32). argv[2] = 2 picks the AVX2 table.
  * FLOP/cycle is per TSC cycle (2.3 GHz here); the core runs faster.
  * x86-64 with AVX-512 (or AVX2 with argv[2] = 2) only: a tuning tool. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <x86intrin.h>
@@ -16,27 +16,48 @@
 #ifndef NT
 #define NT 1
 #endif
-static float rnd(void){return (float)rand()/RAND_MAX-0.5f;}
-int main(int argc,char**argv){
-  int D=argc>1?atoi(argv[1]):64;
-  const attnx_kernels *K=&attnx_kernels_avx512;
-  if(argc>2 && argv[2][0]=='2')K=&attnx_kernels_avx2;
-  float *qt=aligned_alloc(64,4*D*NQ), *k=aligned_alloc(64,4*NK*D*NT), *v=aligned_alloc(64,4*NK*D*NT);
-  float *st=aligned_alloc(64,4*NK*NQ), *acc=aligned_alloc(64,4*NQ*D), m[NQ],l[NQ],al[NQ];
-  for(int i=0;i<D*NQ;i++)qt[i]=rnd(); for(int i=0;i<NK*D*NT;i++){k[i]=rnd();v[i]=rnd();}
-  for(int i=0;i<NQ*D;i++)acc[i]=0;
-  double best[3]={1e30,1e30,1e30};
-  for(int rep=0;rep<3000;rep++){
-    unsigned long long t0=__rdtsc(); K->qk(qt,NQ,NQ,k+(rep%NT)*NK*D,D,NK,D,st);
-    unsigned long long t1=__rdtsc();
-    for(int i=0;i<NQ;i++){m[i]=-INFINITY;l[i]=0;}
-    unsigned long long t2=__rdtsc(); K->softmax_online(st,NQ,NQ,NK,m,l,al);
-    unsigned long long t3=__rdtsc(); K->pv(st,NQ,NQ,v+(rep%NT)*NK*D,D,NK,D,al,acc,D);
-    unsigned long long t4=__rdtsc();
-    if(t1-t0<best[0])best[0]=t1-t0; if(t3-t2<best[1])best[1]=t3-t2; if(t4-t3<best[2])best[2]=t4-t3;
-  }
-  double fl=2.0*NQ*NK*D; /* per GEMM */
-  printf("%s D=%d qk %.0f cyc (%.1f flop/cyc)  softmax %.0f cyc (%.2f cyc per 16 scores)  pv %.0f cyc (%.1f flop/cyc)  total-> %.1f flop/cyc\n",
-   K->name,D,best[0],fl/best[0],best[1],best[1]/(NQ*NK/16.0),best[2],fl/best[2],2*fl/(best[0]+best[1]+best[2]));
-  return 0;
+static float rnd(void) { return (float)rand() / RAND_MAX - 0.5f; }
+int main(int argc, char **argv)
+{
+    int D = argc > 1 ? atoi(argv[1]) : 64;
+    const char *isa = argc > 2 && argv[2][0] == '2' ? "avx2" : "avx512";
+    const attnx_kernels *K = attnx_isa_kernels(isa);
+    if (!K) {
+        fprintf(stderr, "%s is not available here\n", isa);
+        return 1;
+    }
+    float *qt = aligned_alloc(64, 4 * D * NQ), *k = aligned_alloc(64, 4 * NK * D * NT),
+          *v = aligned_alloc(64, 4 * NK * D * NT);
+    float *st = aligned_alloc(64, 4 * NK * NQ), *acc = aligned_alloc(64, 4 * NQ * D), m[NQ], l[NQ],
+          al[NQ];
+    for (int i = 0; i < D * NQ; i++) qt[i] = rnd();
+    for (int i = 0; i < NK * D * NT; i++) {
+        k[i] = rnd();
+        v[i] = rnd();
+    }
+    for (int i = 0; i < NQ * D; i++) acc[i] = 0;
+    double best[3] = {1e30, 1e30, 1e30};
+    for (int rep = 0; rep < 3000; rep++) {
+        unsigned long long t0 = __rdtsc();
+        K->qk(qt, NQ, NQ, k + (rep % NT) * NK * D, D, NK, D, st);
+        unsigned long long t1 = __rdtsc();
+        for (int i = 0; i < NQ; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0;
+        }
+        unsigned long long t2 = __rdtsc();
+        K->softmax_online(st, NQ, NQ, NK, m, l, al);
+        unsigned long long t3 = __rdtsc();
+        K->pv(st, NQ, NQ, v + (rep % NT) * NK * D, D, NK, D, al, acc, D);
+        unsigned long long t4 = __rdtsc();
+        if (t1 - t0 < best[0]) best[0] = t1 - t0;
+        if (t3 - t2 < best[1]) best[1] = t3 - t2;
+        if (t4 - t3 < best[2]) best[2] = t4 - t3;
+    }
+    double fl = 2.0 * NQ * NK * D; /* per GEMM */
+    printf("%s D=%d qk %.0f cyc (%.1f flop/cyc)  softmax %.0f cyc (%.2f cyc per 16 scores)  pv "
+           "%.0f cyc (%.1f flop/cyc)  total-> %.1f flop/cyc\n",
+           isa, D, best[0], fl / best[0], best[1], best[1] / (NQ * NK / 16.0), best[2],
+           fl / best[2], 2 * fl / (best[0] + best[1] + best[2]));
+    return 0;
 }

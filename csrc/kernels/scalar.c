@@ -1,10 +1,10 @@
 /* Portable reference kernels: plain loops, the oracle every SIMD variant is
  * tested against (ATTNX_ISA=scalar forces them). Layouts: see kernels.h. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 // qt: (D, ldq)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
-static void qk_scalar(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl,
-                      int nk, int64_t D, float *st)
+static void qk_scalar(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl, int nk,
+                      int64_t D, float *st)
 {
     for (int j = 0; j < nk; j++) {
         const float *kj = k + j * k_sl;
@@ -19,8 +19,8 @@ static void qk_scalar(const float *qt, int64_t ldq, int nq, const float *k, int6
 }
 
 // qr: (nq, D)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
-static void qk_dot_scalar(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl,
-                          int nk, float *st, int64_t ldq)
+static void qk_dot_scalar(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,
+                          float *st, int64_t ldq)
 {
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < nq; i++) {
@@ -38,7 +38,7 @@ static void softmax_online_scalar(float *st, int64_t ldq, int nq, int nk, float 
         float mx = m[i];
         for (int j = 0; j < nk; j++) {
             const float s = st[j * ldq + i];
-            mx = s > mx ? s : mx;        /* a NaN score never becomes the max */
+            mx = s > mx ? s : mx; /* a NaN score never becomes the max */
         }
         const float msub = mx == -INFINITY ? 0.0f : mx;
         const float a = attnx_expf(m[i] - msub);
@@ -83,7 +83,7 @@ static void mask_bool_scalar(float *st, int64_t ldq, int nq, int nk, const unsig
             uint32_t x;
             memcpy(&x, &st[j * ldq + i], sizeof x);
             const uint32_t keep = 0u - (uint32_t)(m[i * sq + j * sk] != 0);
-            x = (x & keep) | (0xff800000u & ~keep);          /* -inf where blocked */
+            x = (x & keep) | (0xff800000u & ~keep); /* -inf where blocked */
             memcpy(&st[j * ldq + i], &x, sizeof x);
         }
 }
@@ -117,8 +117,8 @@ static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv
 }
 
 // pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
-static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl,
-                      int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,
+                      int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
 {
     for (int i = 0; i < nq; i++) {
         float *ai = acc + i * ldacc;
@@ -158,7 +158,6 @@ static void softmax_bwd_scalar(const float *pt, float *dpt, int64_t ldq, int nq,
 }
 
 const attnx_kernels attnx_kernels_scalar = {
-    .name = "scalar",
     .qk = qk_scalar,
     .qk_dot = qk_dot_scalar,
     .dot_max_nq = 4,

@@ -1,19 +1,18 @@
 /* NEON kernels for aarch64: 4 floats a vector, 32 registers. NEON is part of
  * the aarch64 baseline, so no target flag is needed; dispatch.c picks these
  * on aarch64 unless ATTNX_ISA=scalar. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
 #define W 4
 #define VF float32x4_t
-#define VMASK int   /* NEON has no masked loads: a partial vector is copied through a buffer */
+#define VMASK int /* NEON has no masked loads: a partial vector is copied through a buffer */
 #define SUFFIX(name) name##_neon
-#define SUFFIX_NAME "neon"
-#define QK_MR 8   /* 8 keys x 2 vectors: 16 accumulators */
+#define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */
 #define QK_NV 2
-#define PV_MR 6   /* 6 queries x 3 vectors: 18 accumulators */
+#define PV_MR 6 /* 6 queries x 3 vectors: 18 accumulators */
 #define PV_NV 3
 
 #define V_LOAD(p) vld1q_f32(p)
@@ -64,6 +63,8 @@ static inline float32x4_t keep_bytes_neon(float32x4_t x, const unsigned char *ba
 #define V_LOAD_M(p, n) load_first_neon(p, n)
 #define V_STORE_M(p, n, x) store_first_neon(p, n, x)
 
+/* the register blocks the kernels dispatch to: (rows, vectors) */
+// clang-format off
 #define QK_CASES                                                                   \
     QK_CASE(1, 1) QK_CASE(1, 2) QK_CASE(2, 1) QK_CASE(2, 2) QK_CASE(3, 1) QK_CASE(3, 2) \
     QK_CASE(4, 1) QK_CASE(4, 2) QK_CASE(5, 1) QK_CASE(5, 2) QK_CASE(6, 1) QK_CASE(6, 2) \
@@ -72,7 +73,8 @@ static inline float32x4_t keep_bytes_neon(float32x4_t x, const unsigned char *ba
     PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) \
     PV_CASE(3, 1) PV_CASE(3, 2) PV_CASE(3, 3) PV_CASE(4, 1) PV_CASE(4, 2) PV_CASE(4, 3) \
     PV_CASE(5, 1) PV_CASE(5, 2) PV_CASE(5, 3) PV_CASE(6, 1) PV_CASE(6, 2) PV_CASE(6, 3)
+// clang-format on
 
-#include "kernels_simd.h"
+#include "kernels/kernels_simd.h"
 
 #endif

@@ -1,12 +1,13 @@
 /* AVX-512 F kernels: 16 floats a vector, 32 registers, mask registers for
  * partial vectors. Enabled for this file alone (target pragma); dispatch.c
  * calls these only when cpuid and the OS (XCR0) report AVX-512 F. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma"))), \
+                             apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma")
 #endif
@@ -16,10 +17,9 @@
 #define VF __m512
 #define VMASK __mmask16
 #define SUFFIX(name) name##_avx512
-#define SUFFIX_NAME "avx512"
-#define QK_MR 8   /* 8 keys x 2 vectors: 16 accumulators */
+#define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */
 #define QK_NV 2
-#define PV_MR 6   /* 6 queries x 4 vectors: 24 accumulators */
+#define PV_MR 6 /* 6 queries x 4 vectors: 24 accumulators */
 #define PV_NV 4
 
 #define V_LOAD(p) _mm512_loadu_ps(p)
@@ -34,11 +34,13 @@
 #define V_MAX(x, m) _mm512_max_ps(x, m) /* (x > m) ? x : m: a NaN x leaves m */
 #define V_SEL_EQ(a, b, t, f) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), f, t)
 #define V_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define V_POW2(n) \
-    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define V_POW2(n)        \
+    _mm512_castsi512_ps( \
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
 #define V_SCALE_ZERO_BELOW(y, n, x, lo) \
     _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ), y, n)
-#define V_ZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ), y)
+#define V_ZERO_BELOW(y, x, lo) \
+    _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ), y)
 
 #define V_MASK(n) ((__mmask16)((1u << (n)) - 1u))
 #define V_HSUM(x) _mm512_reduce_add_ps(x)
@@ -61,6 +63,8 @@ static inline __m512 keep_bytes_avx512(__m512 x, const unsigned char *base, cons
 #define V_LOAD_M(p, mk) _mm512_maskz_loadu_ps(mk, p)
 #define V_STORE_M(p, mk, x) _mm512_mask_storeu_ps(p, mk, x)
 
+/* the register blocks the kernels dispatch to: (rows, vectors) */
+// clang-format off
 #define QK_CASES                                                                   \
     QK_CASE(1, 1) QK_CASE(1, 2) QK_CASE(2, 1) QK_CASE(2, 2) QK_CASE(3, 1) QK_CASE(3, 2) \
     QK_CASE(4, 1) QK_CASE(4, 2) QK_CASE(5, 1) QK_CASE(5, 2) QK_CASE(6, 1) QK_CASE(6, 2) \
@@ -70,8 +74,9 @@ static inline __m512 keep_bytes_avx512(__m512 x, const unsigned char *base, cons
     PV_CASE(2, 3) PV_CASE(2, 4) PV_CASE(3, 1) PV_CASE(3, 2) PV_CASE(3, 3) PV_CASE(3, 4) \
     PV_CASE(4, 1) PV_CASE(4, 2) PV_CASE(4, 3) PV_CASE(4, 4) PV_CASE(5, 1) PV_CASE(5, 2) \
     PV_CASE(5, 3) PV_CASE(5, 4) PV_CASE(6, 1) PV_CASE(6, 2) PV_CASE(6, 3) PV_CASE(6, 4)
+// clang-format on
 
-#include "kernels_simd.h"
+#include "kernels/kernels_simd.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -2,7 +2,7 @@
  * The instruction set is enabled for this file alone (target pragma), so the
  * rest of the extension runs on any x86-64; dispatch.c calls these only when
  * cpuid reports AVX2 and FMA. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 
@@ -17,10 +17,9 @@
 #define VF __m256
 #define VMASK __m256i
 #define SUFFIX(name) name##_avx2
-#define SUFFIX_NAME "avx2"
-#define QK_MR 6   /* 6 keys x 2 vectors: 12 accumulators */
+#define QK_MR 6 /* 6 keys x 2 vectors: 12 accumulators */
 #define QK_NV 2
-#define PV_MR 4   /* 4 queries x 3 vectors: 12 accumulators */
+#define PV_MR 4 /* 4 queries x 3 vectors: 12 accumulators */
 #define PV_NV 3
 
 #define V_LOAD(p) _mm256_loadu_ps(p)
@@ -35,8 +34,9 @@
 #define V_MAX(x, m) _mm256_max_ps(x, m) /* (x > m) ? x : m: a NaN x leaves m */
 #define V_SEL_EQ(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_EQ_OQ))
 #define V_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define V_POW2(n) \
-    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define V_POW2(n)        \
+    _mm256_castsi256_ps( \
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #define V_ZERO_BELOW(y, x, lo) _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_NLT_UQ))
 
 static inline __m256i mask_first_avx2(int n)
@@ -54,7 +54,8 @@ static inline float hsum_avx2(__m256 x)
     return _mm_cvtss_f32(s);
 }
 #define V_HSUM(x) hsum_avx2(x)
-#define V_GATHER_F(base, idx) _mm256_i32gather_ps(base, _mm256_loadu_si256((const __m256i *)(idx)), 4)
+#define V_GATHER_F(base, idx) \
+    _mm256_i32gather_ps(base, _mm256_loadu_si256((const __m256i *)(idx)), 4)
 
 /* Bytes have no gather: fetch the aligned dword holding each byte (it never
  * crosses a page, so it is as safe to read as the byte) and shift it out. */
@@ -74,14 +75,17 @@ static inline __m256 keep_bytes_avx2(__m256 x, const unsigned char *base, const 
 #define V_LOAD_M(p, mk) _mm256_maskload_ps(p, mk)
 #define V_STORE_M(p, mk, x) _mm256_maskstore_ps(p, mk, x)
 
+/* the register blocks the kernels dispatch to: (rows, vectors) */
+// clang-format off
 #define QK_CASES                                                                   \
     QK_CASE(1, 1) QK_CASE(1, 2) QK_CASE(2, 1) QK_CASE(2, 2) QK_CASE(3, 1) QK_CASE(3, 2) \
     QK_CASE(4, 1) QK_CASE(4, 2) QK_CASE(5, 1) QK_CASE(5, 2) QK_CASE(6, 1) QK_CASE(6, 2)
 #define PV_CASES                                                                   \
     PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) \
     PV_CASE(3, 1) PV_CASE(3, 2) PV_CASE(3, 3) PV_CASE(4, 1) PV_CASE(4, 2) PV_CASE(4, 3)
+// clang-format on
 
-#include "kernels_simd.h"
+#include "kernels/kernels_simd.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -15,8 +15,8 @@
  *
  * Several Python threads may call at once (the GIL is released): one owns the
  * pool for its section, the others run their section alone on their own
- * thread, which is always correct since workers take items from a shared
- * counter.
+ * thread, which is always correct since the threads of a call take its items
+ * from a shared counter (attnx_parallel_items).
  *
  * The default thread count comes from ATTNX_NUM_THREADS, else
  * OMP_NUM_THREADS, else the CPUs this process may run on. */
@@ -28,25 +28,25 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "attnx.h"
-#include "threads.h"
+#include "core/core.h"
 
 #define MAX_THREADS ATTNX_MAX_THREADS
 
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t wake;        /* workers: a new section is posted */
-    pthread_cond_t done;        /* the owner: the last worker has finished */
-    int started;                /* workers alive, tids 1 .. started */
-    unsigned long gen;          /* section number, under mu */
-    atomic_ulong agen;          /* the same, for spinning readers */
-    void (*fn)(void *, int);    /* the section, under mu */
+    pthread_cond_t wake;     /* workers: a new section is posted */
+    pthread_cond_t done;     /* the owner: the last worker has finished */
+    int started;             /* workers alive, tids 1 .. started */
+    unsigned long gen;       /* section number, under mu */
+    atomic_ulong agen;       /* the same, for spinning readers */
+    void (*fn)(void *, int); /* the section, under mu */
     void *arg;
-    int n;                      /* its participants, owner included */
-    atomic_int pending;         /* workers of the section yet to finish */
-    atomic_int busy;            /* 1 while a caller owns the pool */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-           0, 0, 0, NULL, NULL, 0, 0, 0};
+    int n;              /* its participants, owner included */
+    atomic_int pending; /* workers of the section yet to finish */
+    atomic_int busy;    /* 1 while a caller owns the pool */
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER,
+          .wake = PTHREAD_COND_INITIALIZER,
+          .done = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static long spin_ns = 100000;
@@ -91,7 +91,7 @@ static void *worker_main(void *x)
         spin_until_gen_changes(seen);
         pthread_mutex_lock(&pool.mu);
         while (pool.gen == seen) pthread_cond_wait(&pool.wake, &pool.mu);
-        seen = pool.gen;                       /* read the section with its number */
+        seen = pool.gen; /* read the section with its number */
         void (*fn)(void *, int) = pool.fn;
         void *arg = pool.arg;
         const int take = tid < pool.n;
@@ -131,28 +131,27 @@ static void pool_init(void)
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
-void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg)
+/* Start workers until there are n - 1 (under mu); fewer if a thread cannot
+ * be created: the counter of items shares the work among those there are. */
+static void grow_pool(int n)
 {
-    int expected = 0;
-    if (n <= 1 || !atomic_compare_exchange_strong(&pool.busy, &expected, 1)) {
-        fn(arg, 0);                            /* alone, or the pool is someone else's */
-        return;
-    }
-    pthread_once(&pool_once, pool_init);
-    if (n > MAX_THREADS) n = MAX_THREADS;
-
-    pthread_mutex_lock(&pool.mu);
-    while (pool.started < n - 1) {             /* grow the pool on demand */
+    while (pool.started < n - 1) {
         pthread_t th;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         start_gen[pool.started + 1] = pool.gen;
-        const int ok = pthread_create(&th, &attr, worker_main, (void *)(intptr_t)(pool.started + 1)) == 0;
+        const int ok =
+            pthread_create(&th, &attr, worker_main, (void *)(intptr_t)(pool.started + 1)) == 0;
         pthread_attr_destroy(&attr);
-        if (!ok) break;                        /* fewer helpers: the counter shares the work */
+        if (!ok) break;
         pool.started++;
     }
+}
+
+/* Post the section fn(arg, tid) for tids 1 .. n-1 (under mu). */
+static void post_section(int n, void (*fn)(void *arg, int tid), void *arg)
+{
     const int helpers = n - 1 < pool.started ? n - 1 : pool.started;
     pool.fn = fn;
     pool.arg = arg;
@@ -161,10 +160,11 @@ void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg)
     pool.gen++;
     atomic_store_explicit(&pool.agen, pool.gen, memory_order_release);
     pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.mu);
+}
 
-    fn(arg, 0);
-
+/* Spin for the helpers to finish, then sleep until they do. */
+static void wait_for_helpers(void)
+{
     const long t0 = now_ns();
     for (int i = 1; atomic_load(&pool.pending) > 0; i++) {
         cpu_relax();
@@ -172,13 +172,56 @@ void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg)
             pthread_mutex_lock(&pool.mu);
             while (atomic_load(&pool.pending) > 0) pthread_cond_wait(&pool.done, &pool.mu);
             pthread_mutex_unlock(&pool.mu);
-            break;
+            return;
         }
     }
+}
+
+void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg)
+{
+    int expected = 0;
+    if (n <= 1 || !atomic_compare_exchange_strong(&pool.busy, &expected, 1)) {
+        fn(arg, 0); /* alone, or the pool is someone else's */
+        return;
+    }
+    pthread_once(&pool_once, pool_init);
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    pthread_mutex_lock(&pool.mu);
+    grow_pool(n);
+    post_section(n, fn, arg);
+    pthread_mutex_unlock(&pool.mu);
+    fn(arg, 0);
+    wait_for_helpers();
     atomic_store(&pool.busy, 0);
 }
 
-static atomic_int requested = 0;   /* 0: the default */
+/* The items of a call: the next one to take, shared by its threads. */
+typedef struct {
+    atomic_llong next;
+    int64_t n_items;
+    void (*item)(void *arg, int tid, int64_t i);
+    void *arg;
+} item_queue;
+
+static void take_items(void *q_, int tid)
+{
+    item_queue *q = q_;
+    for (;;) {
+        const int64_t i = atomic_fetch_add(&q->next, 1);
+        if (i >= q->n_items) break;
+        q->item(q->arg, tid, i);
+    }
+}
+
+void attnx_parallel_items(int nt, int64_t n_items, void (*item)(void *arg, int tid, int64_t i),
+                          void *arg)
+{
+    item_queue q = {.n_items = n_items, .item = item, .arg = arg};
+    atomic_init(&q.next, 0);
+    attnx_parallel(nt, take_items, &q);
+}
+
+static atomic_int requested = 0; /* 0: the default */
 
 static int env_int(const char *name)
 {

@@ -1,6 +1,8 @@
-/* Internal: the tile kernels that attention.c drives, and their dispatch table.
+/* Internal: the tile kernels that the drivers (core/forward.c, core/backward.c)
+ * call through a table, one table per instruction set, and the list of
+ * instruction sets (dispatch.c).
  *
- * The driver works on one tile of BQ queries against BK keys at a time:
+ * The drivers work on one tile of BQ queries against BK keys at a time:
  *
  *   qt  (D, ldq)    packed, pre-scaled queries: qt[d*ldq + i] = scale * q[i][d]
  *   st  (nk, ldq)   scores of the tile, transposed: st[j*ldq + i] = q[i]·k[j]
@@ -12,6 +14,10 @@
  * softmax statistics are vertical vector operations with no horizontal
  * reductions. ldq is a multiple of every ISA's vector width; columns past nq
  * hold finite padding and are never read back into results.
+ *
+ * A new kernel is one member of attnx_kernels with its contract here, its
+ * body in scalar.c and kernels_simd.h (a row of each table), and its
+ * comparison in tests/c/test_kernels.c.
  */
 #ifndef ATTNX_KERNELS_H
 #define ATTNX_KERNELS_H
@@ -21,10 +27,10 @@
 #include <string.h>
 
 #ifndef ATTNX_BQ
-#define ATTNX_BQ 64    /* queries per tile (ldq); a multiple of every vector width */
+#define ATTNX_BQ 64 /* queries per tile (ldq); a multiple of every vector width */
 #endif
 #ifndef ATTNX_BK
-#define ATTNX_BK 128   /* keys per tile */
+#define ATTNX_BK 128 /* keys per tile */
 #endif
 
 /* n rounded up to a multiple of 16, a multiple of every ISA's vector width
@@ -32,12 +38,10 @@
 #define ATTNX_ROUND16(n) (((n) + 15) / 16 * 16)
 
 typedef struct attnx_kernels {
-    const char *name;
-
     /* st[j*ldq + i] = sum_d k[j*k_sl + d] * qt[d*ldq + i]
      * qt: (D, ldq)  k: (nk, D) rows k_sl apart  st: (nk, ldq); i < nq (rounded up to a vector) */
-    void (*qk)(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl,
-               int nk, int64_t D, float *st);
+    void (*qk)(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl, int nk,
+               int64_t D, float *st);
 
     /* The same scores for a few queries (decoding): dot products along D.
      * st[j*ldq + i] = sum_d qr[i*D + d] * k[j*k_sl + d]
@@ -100,10 +104,11 @@ typedef struct attnx_kernels {
     /* Backward through the softmax, per query i (lane) and key j:
      *   dpt[j][i] = pt[j][i] == 0 ? 0 : pt[j][i] * (dpt[j][i] - d[i])
      * pt, dpt: (nk, ldq)  d: (ldq); i < nq rounded up to a vector */
-    void (*softmax_bwd)(const float *pt, float *dpt, int64_t ldq, int nq, int nk,
-                        const float *d);
+    void (*softmax_bwd)(const float *pt, float *dpt, int64_t ldq, int nq, int nk, const float *d);
 } attnx_kernels;
 
+/* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the
+ * SIMD ones exist where the compiler targets their architecture. */
 extern const attnx_kernels attnx_kernels_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
 #define ATTNX_HAVE_X86 1
@@ -115,7 +120,24 @@ extern const attnx_kernels attnx_kernels_avx512;
 extern const attnx_kernels attnx_kernels_neon;
 #endif
 
-/* The kernel table in use (dispatch.c). */
+/* An instruction set the core knows (dispatch.c holds the one list, in the
+ * order scalar, avx2, avx512, neon): its name, whether this CPU and OS
+ * support it, and its kernels (NULL when the build does not target its
+ * architecture). */
+typedef struct {
+    const char *name;
+    int (*supported)(void);
+    const attnx_kernels *kernels;
+} attnx_isa;
+
+extern const attnx_isa attnx_isas[];
+extern const int attnx_isa_total;
+
+/* The kernels of the named instruction set if this build and CPU can run
+ * them, else NULL. */
+const attnx_kernels *attnx_isa_kernels(const char *name);
+
+/* The kernel table in use. */
 const attnx_kernels *attnx_active_kernels(void);
 
 /* exp(x) for float, the polynomial every kernel uses (Cephes' expf: a degree-6

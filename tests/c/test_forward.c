@@ -1,9 +1,9 @@
-/* Plain C test of the attnx core, no Python: every compiled-in instruction
- * set against a naive double-precision attention, on random problems with
- * masks, causal modes, lengths, GQA, odd sizes and strided views.
+/* Plain C test of the attnx core's forward pass, no Python: every
+ * instruction set this build and CPU can run against a naive double-precision
+ * attention, on random problems with masks, causal modes, lengths, GQA, odd
+ * sizes and strided views; the error codes; attnx_expf against exp.
  *
- *   cc -std=c11 -O2 -Icsrc csrc/attention.c csrc/dispatch.c csrc/threads.c \
- *      csrc/kernels_*.c tests/c/test_core.c -lm -lpthread && ./a.out
+ *   tests/c/run.sh [cc] [cases]     (builds the core from csrc/sources.txt)
  *
  * Ends with the line "N passed, M failed"; exits 1 on any failure. */
 #include <math.h>
@@ -12,12 +12,14 @@
 #include <string.h>
 
 #include "attnx.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static double urand(void)   /* xorshift64*, uniform in [0, 1) */
+static double urand(void) /* xorshift64*, uniform in [0, 1) */
 {
-    rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
     return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
 }
 static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
@@ -30,8 +32,9 @@ static void naive(const attnx_problem *p, double *out)
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t h = 0; h < p->Hq; h++) {
             const int64_t hk = h / (p->Hq / p->Hk);
-            const int64_t kl = p->key_lengths ? p->key_lengths[b * p->kl_sb + h * p->kl_sh] : p->Lk;
-            const int64_t ql = p->query_lengths ? p->query_lengths[b * p->ql_sb + h * p->ql_sh] : p->Lq;
+            const attnx_lengths *kls = &p->key_lengths, *qls = &p->query_lengths;
+            const int64_t kl = kls->data ? kls->data[b * kls->sb + h * kls->sh] : p->Lk;
+            const int64_t ql = qls->data ? qls->data[b * qls->sb + h * qls->sh] : p->Lq;
             for (int64_t i = 0; i < p->Lq; i++) {
                 double *o = out + ((b * p->Hq + h) * p->Lq + i) * p->Dv;
                 for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0;
@@ -41,8 +44,9 @@ static void naive(const attnx_problem *p, double *out)
                     int ok = j < kl;
                     if (p->causal == ATTNX_CAUSAL_UPPER_LEFT) ok &= j <= i;
                     if (p->causal == ATTNX_CAUSAL_LOWER_RIGHT) ok &= j <= i + p->Lk - p->Lq;
-                    const int64_t mo = b * p->mask_sb + h * p->mask_sh + i * p->mask_sq + j * p->mask_sk;
-                    if (p->mask_kind == ATTNX_MASK_BOOL) ok &= ((const unsigned char *)p->mask)[mo] != 0;
+                    const attnx_mask *m = &p->mask;
+                    const int64_t mo = b * m->sb + h * m->sh + i * m->sq + j * m->sk;
+                    if (m->kind == ATTNX_MASK_BOOL) ok &= ((const unsigned char *)m->data)[mo] != 0;
                     double x = -INFINITY;
                     if (ok) {
                         x = 0.0;
@@ -50,7 +54,7 @@ static void naive(const attnx_problem *p, double *out)
                         const float *k = p->k.data + b * p->k.sb + hk * p->k.sh + j * p->k.sl;
                         for (int64_t d = 0; d < p->D; d++) x += (double)q[d] * k[d];
                         x *= p->scale;
-                        if (p->mask_kind == ATTNX_MASK_FLOAT) x += ((const float *)p->mask)[mo];
+                        if (m->kind == ATTNX_MASK_FLOAT) x += ((const float *)m->data)[mo];
                     }
                     s[j] = x;
                     if (x > mx) mx = x;
@@ -81,17 +85,18 @@ static void run_case(int t)
 {
     attnx_problem p;
     memset(&p, 0, sizeof p);
-    static const int64_t sizes[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 267};
+    static const int64_t sizes[] = {1,  2,  3,  7,  8,  9,   15,  16, 17,
+                                    31, 33, 63, 64, 65, 127, 129, 267};
     const int ns = sizeof sizes / sizeof *sizes;
     p.B = 1 + irand(2);
     p.Hk = 1 + irand(2);
     p.Hq = p.Hk * (1 + irand(3));
     p.Lq = sizes[irand(ns)];
-    p.Lk = t % 5 == 0 ? 600 + irand(900) : sizes[irand(ns)];   /* long keys: split-K */
+    p.Lk = t % 5 == 0 ? 600 + irand(900) : sizes[irand(ns)]; /* long keys: split-K */
     if (t % 5 == 0) p.Lq = 1 + irand(3);
     p.D = sizes[irand(ns - 4)];
     p.Dv = sizes[irand(ns - 4)];
-    const int64_t pad = irand(3);                  /* rows longer than needed: strided views */
+    const int64_t pad = irand(3); /* rows longer than needed: strided views */
     float *q = fill((size_t)(p.B * p.Hq * p.Lq * (p.D + pad)));
     float *k = fill((size_t)(p.B * p.Hk * p.Lk * (p.D + pad)));
     float *v = fill((size_t)(p.B * p.Hk * p.Lk * (p.Dv + pad)));
@@ -100,17 +105,16 @@ static void run_case(int t)
     p.v = (attnx_tensor){v, p.Hk * p.Lk * (p.Dv + pad), p.Lk * (p.Dv + pad), p.Dv + pad};
     const size_t nout = (size_t)(p.B * p.Hq * p.Lq * p.Dv);
     float *out = malloc(sizeof(float) * (nout ? nout : 1));
-    p.out = out;
-    p.out_sb = p.Hq * p.Lq * p.Dv; p.out_sh = p.Lq * p.Dv; p.out_sl = p.Dv;
+    p.out = (attnx_out_tensor){out, p.Hq * p.Lq * p.Dv, p.Lq * p.Dv, p.Dv};
     p.scale = 1.0f / sqrtf((float)p.D);
     p.causal = (int)irand(3);
 
     void *mask = NULL;
-    p.mask_kind = (int)irand(3);
-    if (p.mask_kind != ATTNX_MASK_NONE) {   /* (Lq, Lk) broadcast over batch and heads, or per key */
+    p.mask.kind = (int)irand(3);
+    if (p.mask.kind != ATTNX_MASK_NONE) { /* (Lq, Lk) broadcast over batch and heads, or per key */
         const int per_key = (int)irand(2);
         const size_t n = (size_t)(p.Lq * p.Lk);
-        if (p.mask_kind == ATTNX_MASK_BOOL) {
+        if (p.mask.kind == ATTNX_MASK_BOOL) {
             unsigned char *m = malloc(n);
             for (size_t i = 0; i < n; i++) m[i] = urand() > 0.3;
             mask = m;
@@ -119,29 +123,29 @@ static void run_case(int t)
             for (size_t i = 0; i < n; i++) m[i] = urand() > 0.3 ? nrand() : -INFINITY;
             mask = m;
         }
-        p.mask = mask;
-        p.mask_sq = per_key ? 0 : p.Lk;
-        p.mask_sk = 1;
+        p.mask.data = mask;
+        p.mask.sq = per_key ? 0 : p.Lk;
+        p.mask.sk = 1;
     }
     int64_t *kl = NULL, *ql = NULL;
     if (irand(2)) {
         kl = malloc(sizeof(int64_t) * (size_t)p.B);
         for (int64_t b = 0; b < p.B; b++) kl[b] = irand(p.Lk + 1);
-        p.key_lengths = kl; p.kl_sb = 1; p.kl_sh = 0;
+        p.key_lengths = (attnx_lengths){kl, 1, 0};
     }
     if (irand(3) == 0) {
         ql = malloc(sizeof(int64_t) * (size_t)p.B);
         for (int64_t b = 0; b < p.B; b++) ql[b] = irand(p.Lq + 1);
-        p.query_lengths = ql; p.ql_sb = 1; p.ql_sh = 0;
+        p.query_lengths = (attnx_lengths){ql, 1, 0};
     }
     p.num_threads = 1 + (int)irand(3);
 
     double *ref = malloc(sizeof(double) * (nout ? nout : 1));
     naive(&p, ref);
-    static const char *isas[] = {"scalar", "avx2", "avx512", "neon"};
-    for (int s = 0; s < 4; s++) {
-        if (!attnx_isa_available(isas[s])) continue;
-        attnx_set_isa(isas[s]);
+    for (int s = 0; s < attnx_isa_count(); s++) {
+        const char *isa = attnx_isa_name_at(s);
+        if (!attnx_isa_available(isa)) continue;
+        attnx_set_isa(isa);
         for (size_t i = 0; i < nout; i++) out[i] = NAN;
         const attnx_status st = attnx_forward(&p);
         double worst = 0.0;
@@ -153,42 +157,93 @@ static void run_case(int t)
         }
         if (bad) {
             failed++;
-            printf("FAIL case %d isa %s: B=%lld Hq=%lld Hk=%lld Lq=%lld Lk=%lld D=%lld Dv=%lld mask=%d "
-                   "causal=%d kl=%d ql=%d threads=%d status=%s worst=%g\n", t, isas[s],
-                   (long long)p.B, (long long)p.Hq, (long long)p.Hk, (long long)p.Lq, (long long)p.Lk,
-                   (long long)p.D, (long long)p.Dv, p.mask_kind, p.causal, kl != NULL, ql != NULL,
-                   p.num_threads, attnx_strerror(st), worst);
+            printf("FAIL case %d isa %s: B=%lld Hq=%lld Hk=%lld Lq=%lld Lk=%lld D=%lld Dv=%lld "
+                   "mask=%d causal=%d kl=%d ql=%d threads=%d status=%s worst=%g\n",
+                   t, isa, (long long)p.B, (long long)p.Hq, (long long)p.Hk, (long long)p.Lq,
+                   (long long)p.Lk, (long long)p.D, (long long)p.Dv, p.mask.kind, p.causal,
+                   kl != NULL, ql != NULL, p.num_threads, attnx_strerror(st), worst);
         } else {
             passed++;
         }
     }
-    free(q); free(k); free(v); free(out); free(ref); free(mask); free(kl); free(ql);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(ref);
+    free(mask);
+    free(kl);
+    free(ql);
+}
+
+/* attnx_forward refuses, and attnx_check_problem names the member at fault. */
+static int refuses(const attnx_problem *p, attnx_status want, const char *field)
+{
+    const char *got = NULL;
+    const attnx_status st = attnx_check_problem(p, &got);
+    const int ok = attnx_forward(p) == want && st == want &&
+                   (field ? got && strcmp(got, field) == 0 : got == NULL);
+    if (!ok)
+        printf("FAIL refusal: want %s (%s), got %s (%s)\n", attnx_strerror(want),
+               field ? field : "no field", attnx_strerror(st), got ? got : "no field");
+    return ok;
 }
 
 static void check_errors(void)
 {
     attnx_problem p;
     memset(&p, 0, sizeof p);
-    p.B = 1; p.Hq = 3; p.Hk = 2; p.Lq = 1; p.Lk = 1; p.D = 1; p.Dv = 1; p.scale = 1.0f;
+    p.B = 1;
+    p.Hq = 3;
+    p.Hk = 2;
+    p.Lq = 1;
+    p.Lk = 1;
+    p.D = 1;
+    p.Dv = 1;
+    p.scale = 1.0f;
     float x = 1.0f, out = 0.0f;
     p.q.data = p.k.data = p.v.data = &x;
-    p.out = &out;
-    int ok = attnx_forward(&p) == ATTNX_ERR_SHAPE;          /* 3 heads over 2 */
+    p.out.data = &out;
+    int ok = refuses(&p, ATTNX_ERR_SHAPE, "Hk"); /* 3 heads over 2 */
     p.Hq = 2;
-    ok &= attnx_forward(&p) == ATTNX_OK;
+    ok &= refuses(&p, ATTNX_OK, NULL);
     p.scale = INFINITY;
-    ok &= attnx_forward(&p) == ATTNX_ERR_ARG;
+    ok &= refuses(&p, ATTNX_ERR_ARG, "scale");
     p.scale = 1.0f;
+    p.causal = 3;
+    ok &= refuses(&p, ATTNX_ERR_ARG, "causal");
+    p.causal = ATTNX_CAUSAL_NONE;
+    p.mask.kind = -1;
+    ok &= refuses(&p, ATTNX_ERR_ARG, "mask.kind");
+    p.mask.kind = ATTNX_MASK_BOOL;
+    ok &= refuses(&p, ATTNX_ERR_NULL, "mask.data");
+    p.mask.kind = ATTNX_MASK_NONE;
     int64_t len = 2;
-    p.key_lengths = &len;
-    ok &= attnx_forward(&p) == ATTNX_ERR_LENGTH;             /* past Lk */
-    p.key_lengths = NULL;
+    p.key_lengths.data = &len;
+    ok &= refuses(&p, ATTNX_ERR_LENGTH, "key_lengths"); /* past Lk */
+    p.key_lengths.data = NULL;
+    p.query_lengths.data = &len;
+    ok &= refuses(&p, ATTNX_ERR_LENGTH, "query_lengths"); /* past Lq */
+    p.query_lengths.data = NULL;
+    p.Lq = -1;
+    ok &= refuses(&p, ATTNX_ERR_SHAPE, "Lq");
+    p.Lq = 1;
     p.q.data = NULL;
-    ok &= attnx_forward(&p) == ATTNX_ERR_NULL;
+    ok &= refuses(&p, ATTNX_ERR_NULL, "q.data");
+    p.q.data = &x;
+    p.out.data = NULL;
+    ok &= refuses(&p, ATTNX_ERR_NULL, "out.data");
+    p.out.data = &out;
+    p.B = p.Hq = p.Hk = p.Lq = p.Lk = INT64_MAX / 4;
+    ok &= refuses(&p, ATTNX_ERR_OVERFLOW, "size");
     ok &= attnx_forward(NULL) == ATTNX_ERR_NULL;
     ok &= attnx_set_isa("no-such-isa") == ATTNX_ERR_ISA;
-    if (ok) passed++;
-    else { failed++; printf("FAIL error codes\n"); }
+    if (ok)
+        passed++;
+    else {
+        failed++;
+        printf("FAIL error codes\n");
+    }
 }
 
 /* attnx_expf against the correctly rounded exp (double, rounded to float) on
@@ -205,18 +260,25 @@ static void check_exp(void)
     int64_t worst = 0;
     float at = 0.0f;
     const float start = -87.33f;
-    uint32_t bits;                        /* negative floats: magnitude falls with the pattern */
+    uint32_t bits; /* negative floats: magnitude falls with the pattern */
     memcpy(&bits, &start, sizeof bits);
     for (; bits > 0x80000000u; bits = bits > 0x80000000u + 64 ? bits - 64 : 0x80000000u) {
         float x;
         memcpy(&x, &bits, sizeof x);
         const int64_t d = float_order(attnx_expf(x)) - float_order((float)exp((double)x));
-        if ((d < 0 ? -d : d) > worst) { worst = d < 0 ? -d : d; at = x; }
+        if ((d < 0 ? -d : d) > worst) {
+            worst = d < 0 ? -d : d;
+            at = x;
+        }
     }
     const int ok = worst <= 1 && attnx_expf(-INFINITY) == 0.0f && attnx_expf(0.0f) == 1.0f &&
                    isnan(attnx_expf(NAN)) && attnx_expf(-100.0f) == 0.0f;
-    if (ok) passed++;
-    else { failed++; printf("FAIL exp: %lld ulp at %g\n", (long long)worst, at); }
+    if (ok)
+        passed++;
+    else {
+        failed++;
+        printf("FAIL exp: %lld ulp at %g\n", (long long)worst, at);
+    }
 }
 
 int main(int argc, char **argv)

@@ -1,10 +1,10 @@
 /* SIMD tile kernels, written once against a small set of vector operations.
  *
- * kernels_avx2.c and kernels_avx512.c each define the operations below for
- * their instruction set (W lanes of float) and then include this file, so
- * both variants share one body of code and differ only in vector width and
+ * avx2.c, avx512.c and neon.c each define the operations below for their
+ * instruction set (W lanes of float) and then include this file, so the
+ * variants share one body of code and differ only in vector width and
  * register blocking. Layouts and contracts: see kernels.h; the plain-loop
- * twins in kernels_scalar.c are the reference.
+ * twins in scalar.c are the reference.
  *
  * Required from the includer:
  *   W, VF, VMASK, SUFFIX(name), QK_MR, QK_NV, PV_MR, PV_NV
@@ -29,7 +29,7 @@
  * positive x the upper clamp is not needed: 2^n stays within [2^-126, 1]. */
 ATTNX_INLINE VF v_exp(VF x)
 {
-    const VF xc = V_MAX(V_SET1(ATTNX_EXP_LO), x);      /* NaN passes through */
+    const VF xc = V_MAX(V_SET1(ATTNX_EXP_LO), x); /* NaN passes through */
     const VF n = V_ROUND(V_MUL(xc, V_SET1(ATTNX_LOG2E)));
     VF r = V_FMA(n, V_SET1(-ATTNX_LN2_HI), xc);
     r = V_FMA(n, V_SET1(-ATTNX_LN2_LO), r);
@@ -42,7 +42,7 @@ ATTNX_INLINE VF v_exp(VF x)
     y = V_FMA(y, V_MUL(r, r), V_ADD(r, V_SET1(1.0f)));
     /* y * 2^n, and exactly 0 below LO (so exp(-inf) = 0) */
 #ifdef V_SCALE_ZERO_BELOW
-    return V_SCALE_ZERO_BELOW(y, n, x, ATTNX_EXP_LO);  /* one instruction and a compare */
+    return V_SCALE_ZERO_BELOW(y, n, x, ATTNX_EXP_LO); /* one instruction and a compare */
 #else
     return V_ZERO_BELOW(V_MUL(y, V_POW2(n)), x, ATTNX_EXP_LO);
 #endif
@@ -51,14 +51,14 @@ ATTNX_INLINE VF v_exp(VF x)
 /* ---- scores: st = K · Qt --------------------------------------------------
  * Register block: MR keys × NV vectors of queries, accumulated over d with a
  * broadcast of k[j][d] against a vector of packed queries qt[d][i..i+W). */
-ATTNX_INLINE void qk_block(const int MR, const int NV, const float *qt, int64_t ldq,
-                           const float *k, int64_t k_sl, int64_t D, float *st)
+ATTNX_INLINE void qk_block(const int MR, const int NV, const float *qt, int64_t ldq, const float *k,
+                           int64_t k_sl, int64_t D, float *st)
 {
     VF acc[QK_MR][QK_NV];
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < NV; c++) acc[r][c] = V_ZERO();
     for (int64_t d = 0; d < D; d++) {
-        if ((d & 15) == 0)          /* the next block's keys: short rows defeat the hardware prefetcher */
+        if ((d & 15) == 0) /* the next block's keys: short rows defeat the hardware prefetcher */
             for (int r = 0; r < MR; r++) __builtin_prefetch(k + (r + MR) * k_sl + d, 0, 3);
         VF qv[QK_NV];
         for (int c = 0; c < NV; c++) qv[c] = V_LOAD(qt + d * ldq + c * W);
@@ -75,8 +75,8 @@ ATTNX_INLINE void qk_block(const int MR, const int NV, const float *qt, int64_t 
     case (mr) * 8 + (nv): qk_block(mr, nv, qt + i, ldq, kj, k_sl, D, st + j * ldq + i); break;
 
 // qt: (D, ldq)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
-static void SUFFIX(qk)(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl,
-                       int nk, int64_t D, float *st)
+static void SUFFIX(qk)(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl, int nk,
+                       int64_t D, float *st)
 {
     const int nvec = (nq + W - 1) / W;
     for (int j = 0; j < nk; j += QK_MR) {
@@ -96,8 +96,8 @@ static void SUFFIX(qk)(const float *qt, int64_t ldq, int nq, const float *k, int
  * Four keys at a time share each load of the query row; the partial vector
  * of a row that is not a multiple of W is a masked load. */
 // qr: (nq, D)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
-static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl,
-                           int nk, float *st, int64_t ldq)
+static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,
+                           float *st, int64_t ldq)
 {
     const int64_t dfull = D / W * W;
     const VMASK mk = V_MASK((int)(D - dfull));
@@ -145,8 +145,8 @@ static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, i
 
 /* ---- online softmax, one query per lane ----------------------------------- */
 // st: (nk, ldq)  m, l, alpha: (ldq)
-static void SUFFIX(softmax_online)(float *st, int64_t ldq, int nq, int nk, float *m,
-                                   float *l, float *alpha)
+static void SUFFIX(softmax_online)(float *st, int64_t ldq, int nq, int nk, float *m, float *l,
+                                   float *alpha)
 {
     const VF ninf = V_SET1(-INFINITY);
     for (int i = 0; i < nq; i += W) {
@@ -202,7 +202,7 @@ static void SUFFIX(softmax_final)(float *st, int64_t ldq, int nq, int nk, const 
 static void SUFFIX(mask_float)(float *st, int64_t ldq, int nq, int nk, const float *m, int64_t sq,
                                int64_t sk)
 {
-    if (sq == 0) {                  /* one value per key (a padding mask): broadcast it */
+    if (sq == 0) { /* one value per key (a padding mask): broadcast it */
         for (int j = 0; j < nk; j++) {
             const VF mv = V_SET1(m[j * sk]);
             for (int i = 0; i < nq; i += W)
@@ -211,7 +211,7 @@ static void SUFFIX(mask_float)(float *st, int64_t ldq, int nq, int nk, const flo
         return;
     }
     for (int i0 = 0; i0 < nq; i0 += W) {
-        int32_t idx[W];             /* lanes past nq re-read row i0: in bounds, never used */
+        int32_t idx[W]; /* lanes past nq re-read row i0: in bounds, never used */
         for (int l = 0; l < W; l++) idx[l] = (int32_t)((i0 + l < nq ? l : 0) * sq);
         const float *mi = m + i0 * sq;
         for (int j = 0; j < nk; j++) {
@@ -226,7 +226,7 @@ static void SUFFIX(mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsi
                               int64_t sq, int64_t sk)
 {
     const VF ninf = V_SET1(-INFINITY);
-    if (sq == 0) {                  /* one value per key: block whole rows of the tile */
+    if (sq == 0) { /* one value per key: block whole rows of the tile */
         for (int j = 0; j < nk; j++)
             if (!m[j * sk])
                 for (int i = 0; i < nq; i += W) V_STORE(st + j * ldq + i, ninf);
@@ -245,8 +245,8 @@ static void SUFFIX(mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsi
 
 /* ---- packing the queries: gather W rows' element d into one vector --------- */
 // q: (nq, D) rows q_sl apart  qt: (D, ldq)
-static void SUFFIX(pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, float scale,
-                            float *qt, int64_t ldq)
+static void SUFFIX(pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, float scale, float *qt,
+                            int64_t ldq)
 {
     const int padded = ATTNX_ROUND16(nq);
     const VF sv = V_SET1(scale), one = V_SET1(1.0f);
@@ -255,7 +255,7 @@ static void SUFFIX(pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, flo
             for (int64_t d = 0; d < D; d++) V_STORE(qt + d * ldq + i0, V_ZERO());
             continue;
         }
-        int32_t idx[W];            /* lanes past nq re-read row i0 and are zeroed */
+        int32_t idx[W]; /* lanes past nq re-read row i0 and are zeroed */
         float live[W];
         for (int l = 0; l < W; l++) {
             idx[l] = (int32_t)((i0 + l < nq ? l : 0) * q_sl);
@@ -264,22 +264,23 @@ static void SUFFIX(pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, flo
         const VF lv = V_LOAD(live);
         const float *qi = q + i0 * q_sl;
         for (int64_t d = 0; d < D; d++)
-            V_STORE(qt + d * ldq + i0, V_SEL_EQ(lv, one, V_MUL(V_GATHER_F(qi + d, idx), sv), V_ZERO()));
+            V_STORE(qt + d * ldq + i0,
+                    V_SEL_EQ(lv, one, V_MUL(V_GATHER_F(qi + d, idx), sv), V_ZERO()));
     }
 }
 
 /* ---- output rows: acc scaled by 1/l, with an inf/NaN check on the way ----- */
 // acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
-static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t Dv,
-                              const float *inv, float *out, int64_t out_sl)
+static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
+                              float *out, int64_t out_sl)
 {
     const int64_t dfull = Dv / W * W;
     const VMASK mk = V_MASK((int)(Dv - dfull));
-    VF bad = V_ZERO();             /* x * 0 is 0 for finite x, NaN for inf or NaN */
+    VF bad = V_ZERO(); /* x * 0 is 0 for finite x, NaN for inf or NaN */
     for (int i = 0; i < nq; i++) {
         const float *a = acc + i * ldacc;
         float *o = out + i * out_sl;
-        if (inv[i] == 0.0f) {      /* nothing allowed: zeros, whatever acc holds */
+        if (inv[i] == 0.0f) { /* nothing allowed: zeros, whatever acc holds */
             for (int64_t d = 0; d < Dv; d++) o[d] = 0.0f;
             continue;
         }
@@ -292,7 +293,7 @@ static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t D
         if (dfull < Dv) {
             const VF x = V_MUL(V_LOAD_M(a + dfull, mk), s);
             V_STORE_M(o + dfull, mk, x);
-            bad = V_FMA(x, V_ZERO(), bad);  /* masked-off lanes are 0 */
+            bad = V_FMA(x, V_ZERO(), bad); /* masked-off lanes are 0 */
         }
     }
     const float b = V_HSUM(bad);
@@ -329,19 +330,23 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
     }
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < NV; c++) {
-            if (tail && c == NV - 1) V_STORE_M(acc + r * ldacc + c * W, mk, a[r][c]);
-            else V_STORE(acc + r * ldacc + c * W, a[r][c]);
+            if (tail && c == NV - 1)
+                V_STORE_M(acc + r * ldacc + c * W, mk, a[r][c]);
+            else
+                V_STORE(acc + r * ldacc + c * W, a[r][c]);
         }
 }
 
 /* pv: rows r are queries, the sum runs over keys j: element pt[j*ldq + r].
  * ptx: rows r are keys, the sum runs over queries i: element pt[r*ldq + i]. */
-#define PV_CASE(mr, nv)                                                                     \
-    case (mr) * 8 + (nv):                                                                   \
-        if (tail) pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, v + d0, v_sl, nk, al, \
-                           ai + d0, ldacc);                                                 \
-        else pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, v + d0, v_sl, nk, al,         \
-                      ai + d0, ldacc);                                                      \
+#define PV_CASE(mr, nv)                                                                         \
+    case (mr) * 8 + (nv):                                                                       \
+        if (tail)                                                                               \
+            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, v + d0, v_sl, nk, al, ai + d0, \
+                     ldacc);                                                                    \
+        else                                                                                    \
+            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, v + d0, v_sl, nk, al, ai + d0,    \
+                     ldacc);                                                                    \
         break;
 
 /* acc (nrow, ldacc) [+]= Σ_t pt[t*s_sum + r*s_row] · v[t*v_sl + :] over t < nsum */
@@ -367,16 +372,16 @@ ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, 
 }
 
 // pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
-static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl,
-                       int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,
+                       int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
 {
     pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc);
 }
 
 /* ---- backward: acc (nk rows) += Pᵀ-tile · x ------------------------------- */
 // pt: (nk, ldq)  x: (nq, n) rows x_sl apart  acc: (nk, n) rows ldacc apart
-static void SUFFIX(ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl,
-                        int nk, int64_t n, float *acc, int64_t ldacc)
+static void SUFFIX(ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl, int nk,
+                        int64_t n, float *acc, int64_t ldacc)
 {
     pv_any(pt, 1, ldq, nk, x, x_sl, nq, n, NULL, acc, ldacc);
 }
@@ -398,7 +403,6 @@ static void SUFFIX(softmax_bwd)(const float *pt, float *dpt, int64_t ldq, int nq
 }
 
 const attnx_kernels SUFFIX(attnx_kernels) = {
-    .name = SUFFIX_NAME,
     .qk = SUFFIX(qk),
     .qk_dot = SUFFIX(qk_dot),
     .dot_max_nq = W / 2,

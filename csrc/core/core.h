@@ -1,0 +1,235 @@
+/* Internal to the core: what its files share.
+ *
+ * The data path of attnx_forward (forward.c):
+ *
+ *   validate.c   attnx_check_problem: what the core needs to stay in memory
+ *   plan.c       the plan: threads, items (B·Hq·query blocks·key ranges),
+ *                split-K, scratch sizes
+ *   scratch.c    one scratch buffer per thread, and its layout
+ *   threads.c    attnx_parallel_items: the persistent pool takes the items
+ *   items.c      one item: pack its queries, then per tile of keys
+ *   tile.c         scores (qk, scale, causal and mask) ...
+ *   kernels/       ... the softmax and the weighted sum of values
+ *   output.c     the item's rows out (and lse), or its split-K partial;
+ *                the partials merged
+ *   errors.c     attnx_strerror, a table
+ *
+ * attnx_backward (backward.c) reuses the validation, threads, scratch and
+ * the tile's scores. Where a variant of attention goes: a change of the
+ * scores (softcap, ALiBi) is a step of attnx_score_tile (tile.c), used by
+ * both passes; a change of the keys a query sees (sliding window) is
+ * head_bounds and keys_end below; a per-head parameter is one member of
+ * attnx_problem (attnx.h), checked in validate.c.
+ */
+#ifndef ATTNX_CORE_H
+#define ATTNX_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attnx.h"
+#include "kernels/kernels.h"
+
+#define BQ ATTNX_BQ
+#define BK ATTNX_BK
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* a * b into *r; 0 if it overflows size_t. */
+static inline int mul_ok(size_t a, size_t b, size_t *r)
+{
+    if (a != 0 && b > SIZE_MAX / a) return 0;
+    *r = a * b;
+    return 1;
+}
+
+/* ---- what a head attends ---------------------------------------------------
+ * Query rows [0, qlen) and keys [0, klen) of head (b, h), and the causal
+ * offset (query i sees keys j <= i + offset). The lengths are clamped to
+ * [0, L] where they are read: the caller may let another thread write them
+ * while the core runs (Python releases the GIL), which may change the numbers
+ * but never reaches outside the arrays. */
+typedef struct {
+    int64_t qlen, klen, offset;
+} head_bounds;
+
+static inline int64_t length_of(const attnx_lengths *len, int64_t b, int64_t h, int64_t whole)
+{
+    return len->data ? clamp64(len->data[b * len->sb + h * len->sh], 0, whole) : whole;
+}
+
+static inline int64_t causal_offset(const attnx_problem *p)
+{
+    return p->causal == ATTNX_CAUSAL_LOWER_RIGHT ? p->Lk - p->Lq : 0;
+}
+
+static inline head_bounds bounds_of(const attnx_problem *p, int64_t b, int64_t h)
+{
+    head_bounds hb;
+    hb.qlen = length_of(&p->query_lengths, b, h, p->Lq);
+    hb.klen = length_of(&p->key_lengths, b, h, p->Lk);
+    hb.offset = causal_offset(p);
+    return hb;
+}
+
+/* Keys [0, kend) that queries [i0, i0 + nq) of a head may see. */
+static inline int64_t keys_end(const attnx_problem *p, const head_bounds *hb, int64_t i0,
+                               int64_t nq)
+{
+    if (p->causal == ATTNX_CAUSAL_NONE) return hb->klen;
+    return min64(hb->klen, max64(0, i0 + nq + hb->offset));
+}
+
+/* The key/value head that query head h reads (grouped-query attention). */
+static inline int64_t kv_head(const attnx_problem *p, int64_t h) { return h / (p->Hq / p->Hk); }
+
+/* Rows [0, n) of query block i0 that attend: past the head's qlen give zeros. */
+static inline int rows_attending(const head_bounds *hb, int64_t i0, int rows)
+{
+    return (int)max64(0, min64(rows, hb->qlen - i0));
+}
+
+/* ---- a run: the problem, its kernels, and how the scale is applied ---------
+ * Scores are scale·q·k. The queries are packed pre-scaled, which cannot
+ * overflow when |scale| <= 1; a larger scale is applied to the scores
+ * instead (post_scale), so that any scale whose scores fit in float32 works. */
+typedef struct {
+    const attnx_problem *p;
+    const attnx_kernels *kt;
+    float pre_scale, post_scale;
+} attnx_run;
+
+attnx_run attnx_run_of(const attnx_problem *p); /* plan.c */
+
+/* ---- plans (plan.c) -------------------------------------------------------- */
+typedef struct {
+    int threads;
+    int64_t nqb;     /* query blocks per head */
+    int64_t nsplit;  /* key ranges per query block (split-K, for decoding) */
+    int64_t kchunk;  /* keys per range, a multiple of BK */
+    int64_t n_items; /* B * Hq * nqb * nsplit */
+    int64_t ldacc;   /* accumulator rows: Dv rounded up to a whole vector */
+    size_t scratch;  /* floats per thread (attnx_fwd_scratch_at) */
+    size_t partial;  /* floats of the split-K partials, 0 when nsplit is 1 */
+} fwd_plan;
+
+typedef struct {
+    int threads;
+    int64_t group;   /* query heads per key/value head */
+    int64_t nsplit;  /* key ranges per key/value head */
+    int64_t kchunk;  /* keys per range, a multiple of BK */
+    int64_t n_items; /* B * Hk * nsplit */
+    int64_t ldqa;    /* dQ accumulator rows: D rounded up to a whole vector */
+    size_t scratch;  /* floats per thread (attnx_bwd_scratch_at) */
+    size_t partial;  /* floats of the per-range dQ partials, 0 when nsplit is 1 */
+} bwd_plan;
+
+attnx_status attnx_plan_forward(const attnx_problem *p, fwd_plan *plan);
+attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan);
+
+/* ---- scratch (scratch.c) ----------------------------------------------------
+ * A forward item's working set, per thread; stays in cache:
+ *   qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ) */
+typedef struct {
+    float *qt;            /* (D, BQ) packed queries, or (nq, D) rows for qk_dot */
+    float *st;            /* (BK, BQ) scores, then probabilities */
+    float *acc;           /* (BQ, ldacc) unnormalised output rows */
+    float *m, *l, *alpha; /* (BQ) each: running max, sum, rescale factor */
+} fwd_scratch;
+
+/* A backward block's working set, per thread:
+ *   qt (D, BQ) | dot (Dv, BQ) | st, dpt (BK, BQ) | dqacc (BQ, ldqa) | lse, dvec, ones (BQ) */
+typedef struct {
+    float *qt;    /* (D, BQ)   queries, pre-scaled, transposed */
+    float *dot;   /* (Dv, BQ)  upstream gradient rows, transposed */
+    float *st;    /* (BK, BQ)  scores, then P */
+    float *dpt;   /* (BK, BQ)  dP, then dS */
+    float *dqacc; /* (BQ, ldqa) */
+    float *lse;   /* (BQ) the block's lse; +inf in padding lanes (P = 0 there) */
+    float *dvec;  /* (BQ) D = rowsum(dO ∘ O) */
+    float *ones;  /* (BQ) */
+} bwd_scratch;
+
+attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_t *floats);
+attnx_status attnx_bwd_scratch_size(const attnx_problem *p, int64_t ldqa, size_t *floats);
+fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc);
+bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, int64_t ldqa);
+
+/* n floats, 64-byte aligned, or NULL (out of memory, or n too large). */
+float *attnx_alloc_floats(size_t n);
+
+/* Thread tid's scratch buffer of n floats, or NULL: tid 0 (the calling
+ * thread) keeps its buffer between calls, so that a stream of small calls does
+ * not pay for malloc and the page faults of fresh memory every time. */
+float *attnx_scratch_take(int tid, size_t n);
+void attnx_scratch_give_back(int tid, float *buf);
+
+/* ---- one tile (tile.c) ------------------------------------------------------ */
+
+/* Pack nq rows of x (rows x_sl apart, n wide) transposed into xt (n, BQ), times
+ * scale, zero-padded to a whole vector. */
+void attnx_pack_rows_t(const attnx_kernels *kt, const float *x, int64_t x_sl, int nq, int64_t n,
+                       float scale, float *xt);
+
+/* Scores of one tile, masked: st (nk, BQ) = scale · Q[i0 ..] · K[j0 ..]ᵀ, then
+ * causal and mask, for queries i0 .. i0+nq-1 of head (b, h) and keys
+ * j0 .. j0+nk-1. qt holds the queries packed by attnx_pack_rows_t, or as rows
+ * (nq, D) when rows is set (kt->qk_dot, for few queries). */
+void attnx_score_tile(const attnx_run *r, const float *qt, int rows, int64_t b, int64_t h,
+                      int64_t i0, int nq, int64_t j0, int nk, float *st);
+
+/* ---- the forward's items (items.c, output.c) ---------------------------------- */
+typedef struct {
+    attnx_run run;
+    fwd_plan plan;
+    float *partial;   /* nsplit > 1: per item, m (BQ) | l (BQ) | acc (BQ, ldacc) */
+    fwd_scratch *scr; /* one per thread */
+} fwd_job;
+
+/* One item's place in the problem: queries i0 .. i0+rows-1 of head (b, h),
+ * of which the first nq attend, to keys [0, kend) of key/value head hk. */
+typedef struct {
+    int64_t b, h, hk, i0, kend, offset;
+    int rows, nq;
+    float *out;         /* (rows, Dv) rows out.sl apart */
+    float *w;           /* (rows, Lk) C-contiguous, or NULL */
+    const float *k, *v; /* the key/value head's first rows */
+} item_view;
+
+item_view attnx_view_item(const fwd_job *jb, int64_t block);
+void attnx_clear_unvisited(const fwd_job *jb, const item_view *it);
+
+/* The online softmax over keys [kbeg, kstop): the output rows, or with part
+ * set (split-K) the partial m | l | acc that attnx_merge_partials combines. */
+void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
+                       int64_t kstop, float *part);
+
+/* need_weights: the exact probabilities into it->w, and the output rows. */
+void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it);
+
+/* Output rows i0 .. i0+nq-1 of head (b, h) from the accumulator in s (and
+ * their lse): acc / l when normalise is set, else acc as it is. */
+void attnx_write_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int normalise);
+
+/* lse of row i of head (b, h), if the caller asked for it. */
+void attnx_write_lse(const attnx_problem *p, int64_t b, int64_t h, int64_t i, float value);
+
+/* Split-K: the partial softmaxes of every block combined into its rows. */
+void attnx_merge_partials(const fwd_job *jb);
+
+/* ---- threads (threads.c) ---------------------------------------------------- */
+
+/* Run fn(arg, tid) for tid = 0 .. n-1 concurrently and wait. */
+void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg);
+
+/* item(arg, tid, i) for every i in [0, n_items), over nt threads that take
+ * the next item from a shared counter. */
+void attnx_parallel_items(int nt, int64_t n_items, void (*item)(void *arg, int tid, int64_t i),
+                          void *arg);
+
+#endif

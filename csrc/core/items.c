@@ -1,0 +1,147 @@
+/* The forward's items. An item is one block of BQ queries of one head (b, h)
+ * against one range of keys. Its queries are packed once (scaled,
+ * transposed), then the keys are visited in tiles of BK: scores, masks,
+ * online softmax (running max and sum, rescale), and the weighted sum of
+ * values, all in the thread's scratch, which stays in cache; the output is
+ * normalised once at the end (output.c). The Lq×Lk matrix is never built
+ * unless the caller asked for the weights, which are then produced by a
+ * second pass over the keys with the final max and sum (exact, not rescaled).
+ *
+ * Causal masks and key lengths shorten the range of keys visited (whole
+ * tiles are skipped); only tiles on the diagonal are masked element by
+ * element. */
+#include <math.h>
+#include <string.h>
+
+#include "core/core.h"
+
+item_view attnx_view_item(const fwd_job *jb, int64_t block)
+{
+    const attnx_problem *p = jb->run.p;
+    item_view it;
+    const int64_t qb = block % jb->plan.nqb, bh = block / jb->plan.nqb;
+    it.h = bh % p->Hq;
+    it.b = bh / p->Hq;
+    it.hk = kv_head(p, it.h);
+    it.i0 = qb * BQ;
+    it.rows = (int)min64(BQ, p->Lq - it.i0);
+    const head_bounds hb = bounds_of(p, it.b, it.h);
+    it.nq = rows_attending(&hb, it.i0, it.rows);
+    it.offset = hb.offset;
+    it.kend = keys_end(p, &hb, it.i0, it.nq);
+    it.out = p->out.data + it.b * p->out.sb + it.h * p->out.sh + it.i0 * p->out.sl;
+    it.w = p->weights ? p->weights + ((it.b * p->Hq + it.h) * p->Lq + it.i0) * p->Lk : NULL;
+    it.k = p->k.data + it.b * p->k.sb + it.hk * p->k.sh;
+    it.v = p->v.data + it.b * p->v.sb + it.hk * p->v.sh;
+    return it;
+}
+
+/* Zero what no tile writes: weights of keys past kend and of rows past nq;
+ * output rows past nq (their lse is -inf). */
+void attnx_clear_unvisited(const fwd_job *jb, const item_view *it)
+{
+    const attnx_problem *p = jb->run.p;
+    if (it->w)
+        for (int i = 0; i < it->rows; i++) {
+            const int64_t from = i < it->nq ? it->kend : 0;
+            memset(it->w + i * p->Lk + from, 0, sizeof(float) * (size_t)(p->Lk - from));
+        }
+    for (int i = it->nq; i < it->rows; i++) {
+        memset(it->out + i * p->out.sl, 0, sizeof(float) * (size_t)p->Dv);
+        attnx_write_lse(p, it->b, it->h, it->i0 + i, -INFINITY);
+    }
+}
+
+/* Few queries (decoding) take qk_dot, which reads them as rows. */
+static int rows_layout(const fwd_job *jb, int nq) { return nq <= jb->run.kt->dot_max_nq; }
+
+/* Pack the item's queries, pre-scaled: for few queries as rows qr (nq, D),
+ * else transposed qt (D, BQ), zero-padded to a whole vector. */
+static void pack_queries(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+{
+    const attnx_problem *p = jb->run.p;
+    const float *q = p->q.data + it->b * p->q.sb + it->h * p->q.sh + it->i0 * p->q.sl;
+    if (!rows_layout(jb, it->nq)) {
+        attnx_pack_rows_t(jb->run.kt, q, p->q.sl, it->nq, p->D, jb->run.pre_scale, s->qt);
+        return;
+    }
+    for (int i = 0; i < it->nq; i++)
+        for (int64_t d = 0; d < p->D; d++)
+            s->qt[i * p->D + d] = jb->run.pre_scale * q[i * p->q.sl + d];
+}
+
+static void start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+{
+    pack_queries(jb, s, it);
+    for (int i = 0; i < BQ; i++) {
+        s->m[i] = -INFINITY;
+        s->l[i] = 0.0f;
+    }
+    memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->plan.ldacc);
+}
+
+/* Scores of keys j0 .. j0+nk-1 into s->st. */
+static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0, int nk)
+{
+    attnx_score_tile(&jb->run, s->qt, rows_layout(jb, it->nq), it->b, it->h, it->i0, it->nq, j0, nk,
+                     s->st);
+}
+
+void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
+                       int64_t kstop, float *part)
+{
+    const attnx_problem *p = jb->run.p;
+    const attnx_kernels *kt = jb->run.kt;
+    const int nq = it->nq;
+    start_rows(jb, s, it);
+    for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
+        const int nk = (int)min64(BK, kstop - j0);
+        scores(jb, s, it, j0, nk);
+        kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
+        kt->pv(s->st, BQ, nq, it->v + j0 * p->v.sl, p->v.sl, nk, p->Dv, s->alpha, s->acc,
+               jb->plan.ldacc);
+    }
+    if (!part) {
+        attnx_write_rows(jb, s, it, 1);
+        return;
+    }
+    memcpy(part, s->m, sizeof(float) * (size_t)nq);
+    memcpy(part + BQ, s->l, sizeof(float) * (size_t)nq);
+    memcpy(part + 2 * BQ, s->acc, sizeof(float) * (size_t)nq * (size_t)jb->plan.ldacc);
+}
+
+/* need_weights, pass 1: each row's max and sum; s->alpha becomes 1 / sum. */
+static void weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+{
+    start_rows(jb, s, it);
+    for (int64_t j0 = 0; j0 < it->kend; j0 += BK) {
+        const int nk = (int)min64(BK, it->kend - j0);
+        scores(jb, s, it, j0, nk);
+        jb->run.kt->softmax_online(s->st, BQ, it->nq, nk, s->m, s->l, s->alpha);
+    }
+    for (int i = 0; i < BQ; i++) /* a NaN sum gives a NaN inverse: it propagates */
+        s->alpha[i] = (i < it->nq && s->l[i] != 0.0f) ? 1.0f / s->l[i] : 0.0f;
+}
+
+/* need_weights, pass 2: the exact probabilities, written out and summed
+ * into the output rows. */
+void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+{
+    const attnx_problem *p = jb->run.p;
+    const attnx_kernels *kt = jb->run.kt;
+    const int nq = it->nq;
+    weights_stats(jb, s, it);
+    for (int64_t j0 = 0; j0 < it->kend; j0 += BK) {
+        const int nk = (int)min64(BK, it->kend - j0);
+        scores(jb, s, it, j0, nk);
+        kt->softmax_final(s->st, BQ, nq, nk, s->m, s->alpha);
+        for (int i = 0; i < nq; i++) /* transpose: contiguous stores, reads in L1 */
+            for (int j = 0; j < nk; j++) it->w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
+        kt->pv(s->st, BQ, nq, it->v + j0 * p->v.sl, p->v.sl, nk, p->Dv, NULL, s->acc,
+               jb->plan.ldacc);
+    }
+    attnx_write_rows(jb, s, it, 0);
+    for (int i = 0; i < nq; i++)
+        if (s->l[i] != s->l[i]) /* a NaN row is NaN throughout, skipped keys too */
+            for (int64_t j = 0; j < p->Lk; j++) it->w[i * p->Lk + j] = NAN;
+}

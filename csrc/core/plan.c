@@ -1,0 +1,98 @@
+/* The plans of both passes: how many threads, how the work is cut into
+ * items (and split-K, when too few items would keep the threads busy), and
+ * how much scratch each thread and the partial results need. */
+#include <math.h>
+
+#include "core/core.h"
+
+attnx_run attnx_run_of(const attnx_problem *p)
+{
+    const int large = fabsf(p->scale) > 1.0f;
+    attnx_run r = {
+        .p = p,
+        .kt = attnx_active_kernels(),
+        .pre_scale = large ? 1.0f : p->scale,
+        .post_scale = large ? p->scale : 1.0f,
+    };
+    return r;
+}
+
+/* The threads a call uses: as asked, but one for small problems. */
+static int threads_for(const attnx_problem *p, double flops_per_unit, double min_flops)
+{
+    const int nt = p->num_threads > 0 ? p->num_threads : attnx_get_num_threads();
+    const double flops = flops_per_unit * (double)p->B * (double)p->Hq * (double)p->Lq *
+                         (double)p->Lk * (double)(p->D > 0 ? p->D : 1);
+    return flops < min_flops ? 1 : nt;
+}
+
+/* No more threads than items, nor than the pool has; at least one. */
+static int threads_for_items(int nt, int64_t n_items)
+{
+    if (nt > n_items) nt = (int)n_items;
+    if (nt > ATTNX_MAX_THREADS) nt = ATTNX_MAX_THREADS;
+    return nt < 1 ? 1 : nt;
+}
+
+/* Split-K for the forward: when too few query blocks keep every thread busy
+ * (decoding: Lq of 1 to a few against long Lk; never for the weights), the
+ * keys of a block are cut into ranges of whole tiles, ~4 items a thread and
+ * at least 2 tiles a range. */
+static void split_keys_forward(const attnx_problem *p, int nt, int64_t blocks, fwd_plan *plan)
+{
+    plan->nsplit = 1;
+    plan->kchunk = p->Lk;
+    if (nt <= 1 || p->weights || blocks >= 4 * (int64_t)nt || p->Lk < 4 * BK) return;
+    int64_t want = (4 * (int64_t)nt + blocks - 1) / blocks;
+    const int64_t tiles = (p->Lk + BK - 1) / BK;
+    if (want > tiles / 2) want = tiles / 2;
+    plan->kchunk = (tiles + want - 1) / want * BK;
+    plan->nsplit = (p->Lk + plan->kchunk - 1) / plan->kchunk;
+}
+
+attnx_status attnx_plan_forward(const attnx_problem *p, fwd_plan *plan)
+{
+    const int nt = threads_for(p, 4.0, 2e6);
+    plan->nqb = (p->Lq + BQ - 1) / BQ;
+    plan->ldacc = ATTNX_ROUND16(p->Dv);
+    const int64_t blocks = p->B * p->Hq * plan->nqb;
+    split_keys_forward(p, nt, blocks, plan);
+    plan->n_items = blocks * plan->nsplit;
+    plan->threads = threads_for_items(nt, plan->n_items);
+    plan->partial = 0;
+    if (plan->nsplit > 1 &&
+        !mul_ok((size_t)plan->n_items, 2 * BQ + BQ * (size_t)plan->ldacc, &plan->partial))
+        return ATTNX_ERR_OVERFLOW;
+    return attnx_fwd_scratch_size(p, plan->ldacc, &plan->scratch);
+}
+
+/* Split-K for the backward: items are (batch, key/value head, key range);
+ * with fewer heads than 2 a thread, the keys of a head are cut into ranges. */
+static void split_keys_backward(const attnx_problem *p, int nt, bwd_plan *plan)
+{
+    const int64_t heads = p->B * p->Hk, tiles = (p->Lk + BK - 1) / BK;
+    plan->nsplit = 1;
+    plan->kchunk = tiles * BK;
+    if (nt > 1 && heads < 2 * (int64_t)nt && tiles > 1) {
+        int64_t want = (2 * (int64_t)nt + heads - 1) / heads;
+        if (want > tiles) want = tiles;
+        plan->kchunk = (tiles + want - 1) / want * BK;
+        plan->nsplit = (p->Lk + plan->kchunk - 1) / plan->kchunk;
+    }
+    if (plan->kchunk == 0) plan->kchunk = BK;
+    plan->n_items = heads * plan->nsplit;
+}
+
+attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan)
+{
+    const int nt = threads_for(p, 10.0, 5e6);
+    plan->group = p->Hq / p->Hk;
+    plan->ldqa = ATTNX_ROUND16(p->D);
+    split_keys_backward(p, nt, plan);
+    plan->threads = threads_for_items(nt, plan->n_items);
+    plan->partial = 0;
+    if (plan->nsplit > 1 && !mul_ok((size_t)plan->nsplit * (size_t)p->B * (size_t)p->Hq,
+                                    (size_t)p->Lq * (size_t)p->D, &plan->partial))
+        return ATTNX_ERR_OVERFLOW;
+    return attnx_bwd_scratch_size(p, plan->ldqa, &plan->scratch);
+}

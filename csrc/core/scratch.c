@@ -1,0 +1,102 @@
+/* Scratch memory: one buffer per thread for the duration of a call, carved
+ * into the working set of a forward item or a backward block. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "core/core.h"
+
+float *attnx_alloc_floats(size_t n)
+{
+    size_t bytes;
+    if (!mul_ok(n, sizeof(float), &bytes) || bytes > SIZE_MAX - 64) return NULL;
+    bytes = (bytes + 63) & ~(size_t)63; /* aligned_alloc wants a multiple of 64 */
+    return aligned_alloc(64, bytes ? bytes : 64);
+}
+
+/* The calling thread's buffer, kept between calls and freed when the thread
+ * exits. */
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+typedef struct {
+    float *buf;
+    size_t cap;
+} cache;
+
+static void cache_free(void *c)
+{
+    if (c) free(((cache *)c)->buf);
+    free(c);
+}
+
+static void cache_init(void) { (void)pthread_key_create(&cache_key, cache_free); }
+
+static float *caller_buffer(size_t n)
+{
+    pthread_once(&cache_once, cache_init);
+    cache *c = pthread_getspecific(cache_key);
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c))) return NULL;
+        if (pthread_setspecific(cache_key, c) != 0) {
+            free(c);
+            return NULL;
+        }
+    }
+    if (c->cap < n) {
+        float *b = attnx_alloc_floats(n);
+        if (!b) return NULL;
+        free(c->buf);
+        c->buf = b;
+        c->cap = n;
+    }
+    return c->buf;
+}
+
+float *attnx_scratch_take(int tid, size_t n)
+{
+    return tid == 0 ? caller_buffer(n) : attnx_alloc_floats(n);
+}
+
+void attnx_scratch_give_back(int tid, float *buf)
+{
+    if (tid != 0) free(buf); /* thread 0's stays cached */
+}
+
+attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_t *floats)
+{
+    return mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, floats) ? ATTNX_OK
+                                                                     : ATTNX_ERR_OVERFLOW;
+}
+
+fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc)
+{
+    fwd_scratch s;
+    s.qt = base;
+    s.st = s.qt + (size_t)p->D * BQ;
+    s.acc = s.st + (size_t)BK * BQ;
+    s.m = s.acc + (size_t)ldacc * BQ;
+    s.l = s.m + BQ;
+    s.alpha = s.l + BQ;
+    return s;
+}
+
+attnx_status attnx_bwd_scratch_size(const attnx_problem *p, int64_t ldqa, size_t *floats)
+{
+    return mul_ok((size_t)p->D + (size_t)p->Dv + 2 * BK + (size_t)ldqa + 4, BQ, floats)
+               ? ATTNX_OK
+               : ATTNX_ERR_OVERFLOW;
+}
+
+bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, int64_t ldqa)
+{
+    bwd_scratch s;
+    s.qt = base;
+    s.dot = s.qt + (size_t)p->D * BQ;
+    s.st = s.dot + (size_t)p->Dv * BQ;
+    s.dpt = s.st + (size_t)BK * BQ;
+    s.dqacc = s.dpt + (size_t)BK * BQ;
+    s.lse = s.dqacc + (size_t)ldqa * BQ;
+    s.dvec = s.lse + BQ;
+    s.ones = s.dvec + BQ;
+    for (int i = 0; i < BQ; i++) s.ones[i] = 1.0f;
+    return s;
+}

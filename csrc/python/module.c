@@ -1,0 +1,497 @@
+/* CPython + NumPy glue for the attnx core: the only file that sees Python.
+ *
+ * forward() and backward() check what only they can see of each array they
+ * are handed (type, dtype, ndim, shapes against each other, strides,
+ * alignment, writeability), fill one problem struct of pointers and element
+ * strides, and release the GIL while the core runs. What the core checks
+ * itself (heads that do not divide, the causal code, a scale that is not
+ * finite, lengths out of range, sizes that overflow) comes back as its error
+ * code and the member at fault, and is raised here as an exception naming
+ * the argument. They are private: attnx/_functional.py and attnx/_grad.py
+ * normalise the public arguments and call them with (B, H, L, E) views.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_23_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <string.h>
+
+#include "attnx.h"
+#include "kernels/kernels.h"
+
+/* ---- checking one array ------------------------------------------------------ */
+
+static int check_type(PyObject *obj, const char *name, const char *or_none)
+{
+    if (PyArray_Check(obj)) return 1;
+    PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray%s, not %.200s", name, or_none,
+                 Py_TYPE(obj)->tp_name);
+    return 0;
+}
+
+static int check_dtype(PyArrayObject *a, const char *name, int typenum)
+{
+    if (PyArray_TYPE(a) == typenum && PyArray_ISNOTSWAPPED(a)) return 1;
+    PyArray_Descr *want = PyArray_DescrFromType(typenum);
+    PyErr_Format(PyExc_TypeError, "%s must have dtype %S in native byte order, not %S", name,
+                 (PyObject *)want, (PyObject *)PyArray_DESCR(a));
+    Py_XDECREF(want);
+    return 0;
+}
+
+/* 4-D with the expected sizes (expect[i] < 0: any size). */
+static int check_shape(PyArrayObject *a, const char *name, const npy_intp expect[4])
+{
+    if (PyArray_NDIM(a) != 4) {
+        PyErr_Format(PyExc_ValueError, "%s must be 4-D, got %d-D", name, PyArray_NDIM(a));
+        return 0;
+    }
+    const npy_intp *shape = PyArray_SHAPE(a);
+    for (int i = 0; i < 4; i++) {
+        if (expect[i] >= 0 && shape[i] != expect[i]) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s has shape (%zd, %zd, %zd, %zd), expected axis %d of size %zd", name,
+                         shape[0], shape[1], shape[2], shape[3], i, expect[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Whole-element strides, a contiguous last axis, aligned data. */
+static int check_strides(PyArrayObject *a, const char *name)
+{
+    const npy_intp item = PyArray_ITEMSIZE(a), *strides = PyArray_STRIDES(a);
+    for (int i = 0; i < 4; i++) {
+        if (strides[i] % item != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s stride %zd of axis %d is not a multiple of its item size", name,
+                         strides[i], i);
+            return 0;
+        }
+    }
+    if (PyArray_DIM(a, 3) > 1 && strides[3] != item) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be contiguous along its last axis (stride %zd bytes)", name,
+                     strides[3]);
+        return 0;
+    }
+    if (!PyArray_ISALIGNED(a)) {
+        PyErr_Format(PyExc_ValueError, "%s data is not aligned", name);
+        return 0;
+    }
+    return 1;
+}
+
+enum { READ = 0, WRITE = 1, WRITE_C_CONTIGUOUS = 2 };
+
+/* A 4-D float32 operand the core reads (READ) or writes. An empty array is
+ * never touched: any strides will do. Returns 0 with an exception set. */
+static int check_array(PyObject *obj, const char *name, const npy_intp expect[4], int access)
+{
+    if (!check_type(obj, name, "")) return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (!check_dtype(a, name, NPY_FLOAT32) || !check_shape(a, name, expect)) return 0;
+    if (PyArray_SIZE(a) != 0 && !check_strides(a, name)) return 0;
+    if (access != READ && !PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be writeable", name);
+        return 0;
+    }
+    if (access == WRITE_C_CONTIGUOUS && PyArray_SIZE(a) != 0 && !PyArray_IS_C_CONTIGUOUS(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", name);
+        return 0;
+    }
+    return 1;
+}
+
+static int64_t estride(PyObject *a, int axis)
+{
+    PyArrayObject *x = (PyArrayObject *)a;
+    return (int64_t)(PyArray_STRIDE(x, axis) / PyArray_ITEMSIZE(x));
+}
+
+static npy_intp dim(PyObject *a, int axis) { return PyArray_DIM((PyArrayObject *)a, axis); }
+
+/* ---- filling the problem -------------------------------------------------------- */
+
+/* A checked array as the core reads it: data and element strides. */
+static attnx_tensor tensor_of(PyObject *a)
+{
+    return (attnx_tensor){.data = PyArray_DATA((PyArrayObject *)a),
+                          .sb = estride(a, 0),
+                          .sh = estride(a, 1),
+                          .sl = estride(a, 2)};
+}
+
+static int fill_in(attnx_tensor *t, PyObject *a, const char *name, const npy_intp shape[4])
+{
+    if (!check_array(a, name, shape, READ)) return 0;
+    *t = tensor_of(a);
+    return 1;
+}
+
+static int fill_out(attnx_out_tensor *t, PyObject *a, const char *name, const npy_intp shape[4])
+{
+    if (!check_array(a, name, shape, WRITE)) return 0;
+    *t = (attnx_out_tensor){.data = PyArray_DATA((PyArrayObject *)a),
+                            .sb = estride(a, 0),
+                            .sh = estride(a, 1),
+                            .sl = estride(a, 2)};
+    return 1;
+}
+
+/* q, k, v: their shapes give the problem's sizes. */
+static int fill_qkv(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v)
+{
+    const npy_intp any[4] = {-1, -1, -1, -1};
+    if (!fill_in(&p->q, q, "q", any)) return 0;
+    p->B = dim(q, 0), p->Hq = dim(q, 1), p->Lq = dim(q, 2), p->D = dim(q, 3);
+    const npy_intp kshape[4] = {p->B, -1, -1, p->D};
+    if (!fill_in(&p->k, k, "k", kshape)) return 0;
+    p->Hk = dim(k, 1), p->Lk = dim(k, 2);
+    const npy_intp vshape[4] = {p->B, p->Hk, p->Lk, -1};
+    if (!fill_in(&p->v, v, "v", vshape)) return 0;
+    p->Dv = dim(v, 3);
+    return 1;
+}
+
+/* A bool or float32 mask (B, Hq, Lq, Lk), broadcast along any axis (stride
+ * 0), the last included. */
+static int fill_mask(attnx_problem *p, PyObject *obj)
+{
+    if (obj == Py_None) return 1;
+    if (!check_type(obj, "mask", " or None")) return 0;
+    PyArrayObject *m = (PyArrayObject *)obj;
+    const int type = PyArray_TYPE(m);
+    if ((type != NPY_BOOL && type != NPY_FLOAT32) || !PyArray_ISNOTSWAPPED(m)) {
+        PyErr_Format(PyExc_TypeError,
+                     "mask must have dtype bool or float32 (native byte order), not %S",
+                     (PyObject *)PyArray_DESCR(m));
+        return 0;
+    }
+    const npy_intp full[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    if (!check_shape(m, "mask", full)) return 0;
+    for (int i = 0; i < 4; i++) {
+        if (PyArray_STRIDE(m, i) % PyArray_ITEMSIZE(m)) {
+            PyErr_SetString(PyExc_ValueError, "mask strides must be whole elements");
+            return 0;
+        }
+    }
+    if (!PyArray_ISALIGNED(m)) {
+        PyErr_SetString(PyExc_ValueError, "mask data is not aligned");
+        return 0;
+    }
+    p->mask = (attnx_mask){.kind = type == NPY_BOOL ? ATTNX_MASK_BOOL : ATTNX_MASK_FLOAT,
+                           .data = PyArray_DATA(m),
+                           .sb = estride(obj, 0),
+                           .sh = estride(obj, 1),
+                           .sq = estride(obj, 2),
+                           .sk = estride(obj, 3)};
+    return 1;
+}
+
+/* Lengths: None, or int64 of shape (B, Hq), any whole-element strides. */
+static int fill_lengths(attnx_lengths *len, PyObject *obj, const char *name, npy_intp B, npy_intp H)
+{
+    if (obj == Py_None) return 1;
+    if (!check_type(obj, name, " or None")) return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_TYPE(a) != NPY_INT64 || !PyArray_ISNOTSWAPPED(a)) {
+        PyErr_Format(PyExc_TypeError, "%s must have dtype int64 (native byte order), not %S", name,
+                     (PyObject *)PyArray_DESCR(a));
+        return 0;
+    }
+    if (PyArray_NDIM(a) != 2 || PyArray_DIM(a, 0) != B || PyArray_DIM(a, 1) != H) {
+        PyErr_Format(PyExc_ValueError, "%s must have shape (%zd, %zd)", name, B, H);
+        return 0;
+    }
+    if (PyArray_STRIDE(a, 0) % 8 || PyArray_STRIDE(a, 1) % 8 || !PyArray_ISALIGNED(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be aligned with whole-element strides", name);
+        return 0;
+    }
+    *len = (attnx_lengths){.data = PyArray_DATA(a), .sb = estride(obj, 0), .sh = estride(obj, 1)};
+    return 1;
+}
+
+/* What both passes read: q, k, v, mask, lengths, causal, scale. The causal
+ * code and the scale go in as given; the core checks them. */
+static int fill_problem(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v, PyObject *mask,
+                        PyObject *kl, PyObject *ql, int causal, double scale)
+{
+    memset(p, 0, sizeof *p);
+    if (!fill_qkv(p, q, k, v) || !fill_mask(p, mask) ||
+        !fill_lengths(&p->key_lengths, kl, "key_lengths", p->B, p->Hq) ||
+        !fill_lengths(&p->query_lengths, ql, "query_lengths", p->B, p->Hq))
+        return 0;
+    p->causal = causal;
+    p->scale = (float)scale;
+    return 1;
+}
+
+/* ---- the core's refusals as exceptions ---------------------------------------- */
+
+/* field: the member of the problem the core names (attnx_check_problem). */
+static PyObject *raise_refusal(attnx_status st, const char *field, const attnx_problem *p,
+                               PyObject *scale_obj)
+{
+    if (st == ATTNX_ERR_NOMEM)
+        return PyErr_Format(PyExc_MemoryError, "attnx: %s", attnx_strerror(st));
+    if (!field) return PyErr_Format(PyExc_ValueError, "attnx: %s", attnx_strerror(st));
+    if (strcmp(field, "Hk") == 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "query heads (q's axis 1: %lld) must be a multiple of key/value "
+                            "heads (k's axis 1: %lld)",
+                            (long long)p->Hq, (long long)p->Hk);
+    if (strcmp(field, "causal") == 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "causal must be CAUSAL_NONE, CAUSAL_UPPER_LEFT or CAUSAL_LOWER_RIGHT "
+                            "(%d, %d, %d), not %d",
+                            ATTNX_CAUSAL_NONE, ATTNX_CAUSAL_UPPER_LEFT, ATTNX_CAUSAL_LOWER_RIGHT,
+                            p->causal);
+    if (strcmp(field, "scale") == 0)
+        return PyErr_Format(PyExc_ValueError, "scale must be finite in float32, got %R", scale_obj);
+    if (st == ATTNX_ERR_LENGTH) {
+        const int keys = strcmp(field, "key_lengths") == 0;
+        return PyErr_Format(PyExc_ValueError, "%s: a length lies outside [0, %s] = [0, %lld]",
+                            field, keys ? "Lk" : "Lq", (long long)(keys ? p->Lk : p->Lq));
+    }
+    return PyErr_Format(PyExc_ValueError, "attnx: %s: %s", field, attnx_strerror(st));
+}
+
+static PyObject *forward_refused(attnx_status st, const attnx_problem *p, PyObject *scale_obj)
+{
+    const char *field = NULL;
+    if (st != ATTNX_ERR_NOMEM && attnx_check_problem(p, &field) != st) field = NULL;
+    return raise_refusal(st, field, p, scale_obj);
+}
+
+static PyObject *backward_refused(attnx_status st, const attnx_grad_problem *g, PyObject *scale_obj)
+{
+    const char *field = NULL;
+    if (st != ATTNX_ERR_NOMEM && attnx_check_grad_problem(g, &field) != st) field = NULL;
+    return raise_refusal(st, field, &g->f, scale_obj);
+}
+
+/* ---- forward ---------------------------------------------------------------------- */
+
+PyDoc_STRVAR(forward_doc,
+             "forward(q, k, v, out, weights, mask, key_lengths, query_lengths, causal, scale, "
+             "lse=None)\n--\n\n"
+             "Private: attention on 4-D float32 views. q (B,Hq,Lq,E), k (B,Hk,Lk,E),\n"
+             "v (B,Hk,Lk,Ev), out (B,Hq,Lq,Ev) writeable, weights None or (B,Hq,Lq,Lk)\n"
+             "C-contiguous, mask None or bool/float32 (B,Hq,Lq,Lk) with any strides,\n"
+             "lengths None or int64 (B,Hq); causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or\n"
+             "CAUSAL_LOWER_RIGHT; lse None or (B,Hq,Lq,1) writeable.\n"
+             "Use attnx.scaled_dot_product_attention instead.");
+
+/* out, weights and lse: what the forward writes. */
+static int fill_outputs(attnx_problem *p, PyObject *out, PyObject *weights, PyObject *lse)
+{
+    const npy_intp oshape[4] = {p->B, p->Hq, p->Lq, p->Dv};
+    const npy_intp wshape[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    const npy_intp lshape[4] = {p->B, p->Hq, p->Lq, 1};
+    if (!fill_out(&p->out, out, "out", oshape)) return 0;
+    if (weights != Py_None) {
+        if (!check_array(weights, "weights", wshape, WRITE_C_CONTIGUOUS)) return 0;
+        p->weights = PyArray_DATA((PyArrayObject *)weights);
+    }
+    return lse == Py_None || fill_out(&p->lse, lse, "lse", lshape);
+}
+
+static PyObject *py_forward(PyObject *self, PyObject *args)
+{
+    PyObject *q, *k, *v, *out, *weights, *mask, *kl, *ql, *lse = Py_None;
+    int causal;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOid|O:forward", &q, &k, &v, &out, &weights, &mask, &kl, &ql,
+                          &causal, &scale, &lse))
+        return NULL;
+    attnx_problem p;
+    if (!fill_problem(&p, q, k, v, mask, kl, ql, causal, scale) ||
+        !fill_outputs(&p, out, weights, lse))
+        return NULL;
+    attnx_status st;
+    Py_BEGIN_ALLOW_THREADS
+        st = attnx_forward(&p);
+    Py_END_ALLOW_THREADS
+    if (st != ATTNX_OK) return forward_refused(st, &p, PyTuple_GET_ITEM(args, 9));
+    Py_RETURN_NONE;
+}
+
+/* ---- backward ---------------------------------------------------------------------- */
+
+PyDoc_STRVAR(backward_doc,
+             "backward(q, k, v, out, dout, lse, dq, dk, dv, dmask, mask, key_lengths, "
+             "query_lengths, causal, scale)\n--\n\n"
+             "Private: gradients of forward() on 4-D float32 views. out, dout (B,Hq,Lq,Ev);\n"
+             "lse (B,Hq,Lq,1) view; dq (B,Hq,Lq,E), dk (B,Hk,Lk,E), dv (B,Hk,Lk,Ev) writeable;\n"
+             "dmask None or (B,Hq,Lq,Lk) C-contiguous, zeroed. Use "
+             "attnx.scaled_dot_product_attention_vjp.");
+
+/* The forward's out and lse, the upstream gradient dout. */
+static int fill_saved(attnx_grad_problem *g, PyObject *o, PyObject *dout, PyObject *lse)
+{
+    const attnx_problem *p = &g->f;
+    const npy_intp oshape[4] = {p->B, p->Hq, p->Lq, p->Dv};
+    const npy_intp lshape[4] = {p->B, p->Hq, p->Lq, 1};
+    return fill_in(&g->o, o, "out", oshape) && fill_in(&g->dout, dout, "dout", oshape) &&
+           fill_in(&g->lse, lse, "lse", lshape);
+}
+
+/* The gradients the backward writes: dq, dk, dv, and dmask if asked. */
+static int fill_grads(attnx_grad_problem *g, PyObject *dq, PyObject *dk, PyObject *dv,
+                      PyObject *dmask)
+{
+    const attnx_problem *p = &g->f;
+    const npy_intp qshape[4] = {p->B, p->Hq, p->Lq, p->D}, kshape[4] = {p->B, p->Hk, p->Lk, p->D},
+                   vshape[4] = {p->B, p->Hk, p->Lk, p->Dv}, mshape[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    if (!fill_out(&g->dq, dq, "dq", qshape) || !fill_out(&g->dk, dk, "dk", kshape) ||
+        !fill_out(&g->dv, dv, "dv", vshape))
+        return 0;
+    if (dmask == Py_None) return 1;
+    if (!check_array(dmask, "dmask", mshape, WRITE_C_CONTIGUOUS)) return 0;
+    g->dmask = PyArray_DATA((PyArrayObject *)dmask);
+    return 1;
+}
+
+static PyObject *py_backward(PyObject *self, PyObject *args)
+{
+    PyObject *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *dmask, *mask, *kl, *ql;
+    int causal;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOid:backward", &q, &k, &v, &o, &dout, &lse, &dq, &dk,
+                          &dv, &dmask, &mask, &kl, &ql, &causal, &scale))
+        return NULL;
+    attnx_grad_problem g;
+    memset(&g, 0, sizeof g);
+    if (!fill_problem(&g.f, q, k, v, mask, kl, ql, causal, scale) ||
+        !fill_saved(&g, o, dout, lse) || !fill_grads(&g, dq, dk, dv, dmask))
+        return NULL;
+    attnx_status st;
+    Py_BEGIN_ALLOW_THREADS
+        st = attnx_backward(&g);
+    Py_END_ALLOW_THREADS
+    if (st != ATTNX_OK) return backward_refused(st, &g, PyTuple_GET_ITEM(args, 14));
+    Py_RETURN_NONE;
+}
+
+/* ---- instruction sets and threads ---------------------------------------------------- */
+
+static PyObject *py_isa(PyObject *self, PyObject *noargs)
+{
+    return PyUnicode_FromString(attnx_isa_name());
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *arg)
+{
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (!name) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "isa must be a str, not %.200s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    if (attnx_set_isa(name) != ATTNX_OK) {
+        PyErr_Format(PyExc_ValueError, "instruction set %R is not available here", arg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Every instruction set the core knows, in order, as a tuple of str. */
+static PyObject *isa_names(void)
+{
+    PyObject *t = PyTuple_New(attnx_isa_count());
+    for (int i = 0; t && i < attnx_isa_count(); i++) {
+        PyObject *s = PyUnicode_FromString(attnx_isa_name_at(i));
+        if (!s) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+static PyObject *py_available_isas(PyObject *self, PyObject *noargs)
+{
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (int i = 0; i < attnx_isa_count(); i++) {
+        const char *name = attnx_isa_name_at(i);
+        if (!attnx_isa_available(name)) continue;
+        PyObject *s = PyUnicode_FromString(name);
+        if (!s || PyList_Append(list, s) < 0) {
+            Py_XDECREF(s);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(s);
+    }
+    return list;
+}
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
+{
+    return PyLong_FromLong(attnx_get_num_threads());
+}
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    attnx_set_num_threads(n > 1 << 20 ? 1 << 20 : (n < 0 ? 0 : (int)n));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"forward", py_forward, METH_VARARGS, forward_doc},
+    {"backward", py_backward, METH_VARARGS, backward_doc},
+    {"isa", py_isa, METH_NOARGS, "isa()\n--\n\nThe instruction set the kernels use."},
+    {"set_isa", py_set_isa, METH_O,
+     "set_isa(name)\n--\n\nPrivate (tests): use the kernels of one of ISA_NAMES."},
+    {"available_isas", py_available_isas, METH_NOARGS,
+     "available_isas()\n--\n\nInstruction sets usable on this CPU, in the order of ISA_NAMES."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS,
+     "get_num_threads()\n--\n\nThreads used per call."},
+    {"set_num_threads", py_set_num_threads, METH_O,
+     "set_num_threads(n)\n--\n\nThreads used per call; n <= 0 restores the default."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    "attnx._attnx",
+    "C core of attnx: masked multi-head scaled dot-product attention.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+/* The core's constants: exp(x) is exactly 0 below EXP_FLUSH_BELOW
+ * (kernels.h), so a weight exp(s - max) of a score further than this below
+ * its row's maximum is 0 (attnx.reference flushes the same weights); the
+ * instruction sets the build knows; the most threads a call uses; the causal
+ * codes forward() and backward() take. */
+static int add_constants(PyObject *m)
+{
+    return PyModule_AddObject(m, "EXP_FLUSH_BELOW", PyFloat_FromDouble(ATTNX_EXP_LO)) < 0 ||
+                   PyModule_AddObject(m, "ISA_NAMES", isa_names()) < 0 ||
+                   PyModule_AddIntConstant(m, "MAX_THREADS", ATTNX_MAX_THREADS) < 0 ||
+                   PyModule_AddIntConstant(m, "CAUSAL_NONE", ATTNX_CAUSAL_NONE) < 0 ||
+                   PyModule_AddIntConstant(m, "CAUSAL_UPPER_LEFT", ATTNX_CAUSAL_UPPER_LEFT) < 0 ||
+                   PyModule_AddIntConstant(m, "CAUSAL_LOWER_RIGHT", ATTNX_CAUSAL_LOWER_RIGHT) < 0
+               ? -1
+               : 0;
+}
+
+PyMODINIT_FUNC PyInit__attnx(void)
+{
+    import_array();
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m && add_constants(m) < 0) Py_CLEAR(m);
+    return m;
+}

@@ -1,0 +1,543 @@
+/* Each instruction set's kernel table against the scalar table, kernel by
+ * kernel, with no driver in between: every kernel of kernels.h over sizes
+ * around every vector width (1 .. 2W+1 for W up to 16, and past the widest
+ * register block), strides of both signs, and inputs at the edges (the exp
+ * flush below -87.34, -inf, NaN, inf).
+ *
+ * Tolerances, per kernel:
+ *   identical  (the same bits; NaN where the scalar kernel gives NaN): where
+ *              both do the same float operations: mask_float, mask_bool,
+ *              pack_qt, store_rows (and its inf/NaN flag), softmax_bwd; and
+ *              qk, qk_dot, pv, ptx on small integers, whose products and
+ *              sums are exact in float32 whatever the order or FMA
+ *   summation  qk, qk_dot, pv, ptx on random floats: the SIMD kernels use
+ *              FMA and their own order of summation; |a - b| <= (n + 2) ·
+ *              2^-23 · sum of |terms| (n terms: the bound of recursive
+ *              summation, for both)
+ *   ulps       softmax_online, softmax_final: the SIMD exp evaluates the same
+ *              polynomial with FMA (each within 1 ulp of exp): m identical;
+ *              exp(s - m) and alpha within 2 ulp, the final probabilities
+ *              exp(s - m) · inv_l within 3 ulp (and anything within 2^-149,
+ *              for results near the flush); l within (nk + 4) · 2^-23 · l
+ * Kernels must also leave alone what their contract does not let them write
+ * (checked with guard values around the outputs).
+ *
+ *   tests/c/run.sh [cc]           (builds the core from csrc/sources.txt)
+ *
+ * Ends with the line "N passed, M failed"; exits 1 on any failure. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnx.h"
+#include "kernels/kernels.h"
+
+#define LDQ ATTNX_BQ /* the drivers' ldq: a multiple of every vector width */
+#define MAXW 16      /* the widest vector: sizes 1 .. 2 * MAXW + 1 */
+#define SMAX (2 * MAXW + 1)
+#define GUARD 12345.0f /* what a kernel must not overwrite */
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static double urand(void) /* xorshift64*, uniform in [0, 1) */
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+}
+static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
+static float irand_f(int lo, int hi) { return (float)(lo + (int)(urand() * (hi - lo + 1))); }
+
+/* ---- bookkeeping: one line per instruction set and kernel ---------------- */
+
+static int passed = 0, failed = 0;
+static struct {
+    const char *isa, *kernel, *tolerance;
+    long cases, bad;
+    double worst; /* of the tolerance used (0: identical) */
+} cur;
+
+static void begin(const char *isa, const char *kernel, const char *tolerance)
+{
+    cur.isa = isa;
+    cur.kernel = kernel;
+    cur.tolerance = tolerance;
+    cur.cases = cur.bad = 0;
+    cur.worst = 0.0;
+}
+
+static void end(void)
+{
+    printf("  %-7s %-15s %7ld cases  %-10s", cur.isa, cur.kernel, cur.cases, cur.tolerance);
+    if (strcmp(cur.tolerance, "identical") != 0) printf(" worst %.3g of the bound", cur.worst);
+    printf("%s\n", cur.bad ? "  FAILED" : "");
+    if (cur.bad)
+        failed++;
+    else
+        passed++;
+}
+
+/* Record one comparison; print the first few failures of a kernel. */
+static int expect(int ok, const char *fmt, ...)
+{
+    if (ok) return 1;
+    if (cur.bad++ < 5) {
+        va_list ap;
+        va_start(ap, fmt);
+        printf("FAIL %s %s: ", cur.isa, cur.kernel);
+        vprintf(fmt, ap);
+        printf("\n");
+        va_end(ap);
+    }
+    return 0;
+}
+
+static uint32_t bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static int same(float a, float b) { return (a != a && b != b) || bits(a) == bits(b); }
+
+/* Distance in units in the last place (the floats in between, plus one). */
+static double ulps(float a, float b)
+{
+    if (a != a || b != b) return (a != a && b != b) ? 0.0 : INFINITY;
+    if (a == b) return 0.0;
+    if (isinf(a) || isinf(b)) return INFINITY;
+    const int64_t ia = (int32_t)bits(a) < 0 ? -(int64_t)(bits(a) & 0x7fffffffu) : bits(a);
+    const int64_t ib = (int32_t)bits(b) < 0 ? -(int64_t)(bits(b) & 0x7fffffffu) : bits(b);
+    return (double)(ia > ib ? ia - ib : ib - ia);
+}
+
+/* got == want bit for bit, at element (i, j) of the kernel's output. */
+static int expect_same(float got, float want, const char *what, int i, int j)
+{
+    return expect(same(got, want), "%s[%d][%d] = %a, scalar %a", what, i, j, got, want);
+}
+
+/* |got - want| <= bound, with the fraction of the bound used tracked. */
+static int expect_within(float got, float want, double bound, const char *what, int i, int j)
+{
+    if (got != got || want != want || isinf(got) || isinf(want))
+        return expect_same(got, want, what, i, j);
+    const double d = fabs((double)got - (double)want);
+    const double used = bound > 0 ? d / bound : (d > 0 ? INFINITY : 0.0);
+    if (used > cur.worst) cur.worst = used;
+    return expect(d <= bound, "%s[%d][%d] = %a, scalar %a (bound %g)", what, i, j, got, want,
+                  bound);
+}
+
+static int expect_ulps(float got, float want, double max_ulps, const char *what, int i, int j)
+{
+    if (fabs((double)got - (double)want) <= 0x1p-149) return 1; /* subnormal noise at the flush */
+    const double u = ulps(got, want);
+    if (u / max_ulps > cur.worst) cur.worst = u / max_ulps;
+    return expect(u <= max_ulps, "%s[%d][%d] = %a, scalar %a (%g ulp)", what, i, j, got, want, u);
+}
+
+/* Buffers: n floats set to GUARD, or to random values. */
+static float *guarded(size_t n)
+{
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = GUARD;
+    return x;
+}
+
+/* Values: small integers (exact products and sums) or random floats. */
+static void fill(float *x, size_t n, int exact)
+{
+    for (size_t i = 0; i < n; i++) x[i] = exact ? irand_f(-4, 4) : nrand();
+}
+
+/* A size loop: 1 .. 2W+1, then the sizes past the register blocks. */
+static const int wide[] = {63, 64, 65, 127, 129};
+#define NWIDE ((int)(sizeof wide / sizeof *wide))
+static int size_at(int k) { return k < SMAX ? k + 1 : wide[k - SMAX]; }
+
+/* Compare a (rows, LDQ) tile of scores: lanes i < nq compared, lanes
+ * past round_up(nq, 16) and rows past nk untouched. */
+static void compare_tile(const float *got, const float *want, int nk, int nq, int exact,
+                         const float *bound, const char *what)
+{
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            const float g = got[j * LDQ + i], w = want[j * LDQ + i];
+            if (exact)
+                expect_same(g, w, what, j, i);
+            else
+                expect_within(g, w, bound[j * LDQ + i], what, j, i);
+        }
+    for (int j = 0; j < nk; j++)
+        for (int i = ATTNX_ROUND16(nq); i < LDQ; i++)
+            expect(got[j * LDQ + i] == GUARD, "%s[%d][%d] written past the vectors", what, j, i);
+    expect(got[nk * LDQ] == GUARD, "%s row %d written past nk", what, nk);
+}
+
+/* ---- qk and qk_dot: st (nk, LDQ) = K · Qt ------------------------------------ */
+
+static void qk_case(const attnx_kernels *kt, int nq, int nk, int D, int exact, int dot)
+{
+    const int k_sl = D + 3;
+    float *q = malloc(sizeof(float) * (size_t)(D * LDQ)), *k = malloc(sizeof(float) * nk * k_sl);
+    float *st = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    float *bound = calloc((size_t)nk * LDQ, sizeof(float));
+    fill(q, (size_t)D * LDQ, exact); /* qt (D, LDQ), or rows (nq, D) for qk_dot */
+    fill(k, (size_t)nk * k_sl, exact);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            double mag = 0.0;
+            for (int d = 0; d < D; d++)
+                mag += fabs((double)k[j * k_sl + d] * (dot ? q[i * D + d] : q[d * LDQ + i]));
+            bound[j * LDQ + i] = (float)((D + 2) * 0x1p-23 * mag);
+        }
+    if (dot) {
+        kt->qk_dot(q, D, nq, k, k_sl, nk, st, LDQ);
+        attnx_kernels_scalar.qk_dot(q, D, nq, k, k_sl, nk, ref, LDQ);
+    } else {
+        for (int d = 0; d < D; d++) /* lanes past nq: finite padding, as packed */
+            for (int i = nq; i < LDQ; i++) q[d * LDQ + i] = 0.0f;
+        kt->qk(q, LDQ, nq, k, k_sl, nk, D, st);
+        attnx_kernels_scalar.qk(q, LDQ, nq, k, k_sl, nk, D, ref);
+    }
+    cur.cases++;
+    compare_tile(st, ref, nk, nq, exact, bound, "st");
+    free(q), free(k), free(st), free(ref), free(bound);
+}
+
+static void test_qk(const char *isa, const attnx_kernels *kt, int dot)
+{
+    for (int exact = 1; exact >= 0; exact--) {
+        begin(isa, dot ? "qk_dot" : "qk", exact ? "identical" : "summation");
+        for (int a = 0; a < SMAX; a++)
+            for (int b = 0; b < SMAX + NWIDE; b++)
+                for (int nk = 1; nk <= 17; nk += (nk < 10 ? 1 : 7))
+                    qk_case(kt, dot ? 1 + a % 8 : a + 1, nk, size_at(b), exact, dot);
+        end();
+    }
+}
+
+/* ---- pv and ptx: acc += Pᵀ-tile products ---------------------------------------- */
+
+/* pv: acc (nq, ldacc) = alpha · acc + Σ_j pt[j][i] · v[j]; ptx: acc (nk, n)
+ * += Σ_i pt[j][i] · x[i]. Rows of acc past the width keep their guard. */
+static void pv_case(const attnx_kernels *kt, int nq, int nk, int n, int exact, int transposed,
+                    int with_alpha)
+{
+    const int rows = transposed ? nk : nq, terms = transposed ? nq : nk, sl = n + 2;
+    const int ld = ATTNX_ROUND16(n) + 16;
+    float *pt = calloc((size_t)nk * LDQ, sizeof(float)), *x = malloc(sizeof(float) * terms * sl);
+    float *acc = guarded((size_t)rows * ld), *ref = guarded((size_t)rows * ld), alpha[LDQ];
+    for (int j = 0; j < nk; j++) fill(pt + j * LDQ, (size_t)nq, exact);
+    fill(x, (size_t)terms * sl, exact);
+    for (int r = 0; r < rows; r++) {
+        fill(acc + r * ld, (size_t)n, exact);
+        memcpy(ref + r * ld, acc + r * ld, sizeof(float) * (size_t)n);
+    }
+    for (int i = 0; i < LDQ; i++) alpha[i] = exact ? (float)(i % 3) * 0.5f : (float)urand();
+    const float *al = with_alpha ? alpha : NULL;
+    double *mag = calloc((size_t)rows * n, sizeof(double));
+    for (int r = 0; r < rows; r++)
+        for (int e = 0; e < n; e++) {
+            mag[r * n + e] = fabs((double)acc[r * ld + e] * (al ? al[r] : 1.0f));
+            for (int t = 0; t < terms; t++)
+                mag[r * n + e] +=
+                    fabs((double)(transposed ? pt[r * LDQ + t] : pt[t * LDQ + r]) * x[t * sl + e]);
+        }
+    if (transposed) {
+        kt->ptx(pt, LDQ, nq, x, sl, nk, n, acc, ld);
+        attnx_kernels_scalar.ptx(pt, LDQ, nq, x, sl, nk, n, ref, ld);
+    } else {
+        kt->pv(pt, LDQ, nq, x, sl, nk, n, al, acc, ld);
+        attnx_kernels_scalar.pv(pt, LDQ, nq, x, sl, nk, n, al, ref, ld);
+    }
+    cur.cases++;
+    for (int r = 0; r < rows; r++) {
+        for (int e = 0; e < n; e++) {
+            if (exact)
+                expect_same(acc[r * ld + e], ref[r * ld + e], "acc", r, e);
+            else
+                expect_within(acc[r * ld + e], ref[r * ld + e],
+                              (terms + 2) * 0x1p-23 * mag[r * n + e], "acc", r, e);
+        }
+        for (int e = n; e < ld; e++)
+            expect(acc[r * ld + e] == GUARD, "acc[%d][%d] written past the row (n = %d)", r, e, n);
+    }
+    free(pt), free(x), free(acc), free(ref), free(mag);
+}
+
+static void test_pv(const char *isa, const attnx_kernels *kt, int transposed)
+{
+    static const int few[] = {1, 2, 3, 5, 8, 9, 17, 33};
+    for (int exact = 1; exact >= 0; exact--) {
+        begin(isa, transposed ? "ptx" : "pv", exact ? "identical" : "summation");
+        for (int a = 0; a < SMAX; a++)             /* rows of the block: queries, or keys */
+            for (int b = 0; b < SMAX + NWIDE; b++) /* the width: Dv, or D */
+                for (int c = 0; c < 8; c++) {      /* the terms summed */
+                    const int rows = a + 1, terms = few[c];
+                    if (transposed)
+                        pv_case(kt, terms, rows, size_at(b), exact, 1, 0);
+                    else
+                        pv_case(kt, rows, terms, size_at(b), exact, 0, (a + b + c) % 3 != 0);
+                }
+        end();
+    }
+}
+
+/* ---- softmax_online, softmax_final ------------------------------------------------ */
+
+/* Scores of one lane: the kinds of rows the drivers meet. */
+static float score(int kind, int i, int j)
+{
+    switch (kind) {
+    case 0: return nrand() * 4.0f;
+    case 1: return (j + i) % 3 ? -INFINITY : nrand(); /* masked keys */
+    case 2: return -INFINITY;                         /* nothing allowed */
+    case 3: { /* the row's max (5, at key 0), then scores at and past the flush below it */
+        static const float below[] = {0.0f,   -87.33f, -87.3365f, ATTNX_EXP_LO, -87.3366f, -87.34f,
+                                      -88.0f, -103.0f, -1e30f,    -INFINITY,    -87.0f,    -86.5f};
+        return 5.0f + below[j == 0 ? 0 : (i + j) % 12];
+    }
+    case 4: return (i + j) % 7 == 3 ? NAN : nrand(); /* a NaN score */
+    case 5: return (i + j) % 5 == 1 ? INFINITY : nrand();
+    default: return nrand() * 30.0f;
+    }
+}
+
+static void softmax_case(const attnx_kernels *kt, int nq, int nk, int kind, int final)
+{
+    float *st = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    float m[LDQ], l[LDQ], a[LDQ], rm[LDQ], rl[LDQ], ra[LDQ];
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++)
+            st[j * LDQ + i] = ref[j * LDQ + i] = i < nq ? score(kind, i, j) : 0.0f;
+    for (int i = 0; i < LDQ; i++) {
+        if (final) { /* the row's final max (or more, as an lse): no score lies above it */
+            float mx = -INFINITY;
+            for (int j = 0; j < nk && i < nq; j++) mx = st[j * LDQ + i] > mx ? st[j * LDQ + i] : mx;
+            m[i] = i >= nq ? INFINITY : mx + (kind == 3 || i % 2 ? 0.0f : (float)urand() * 3.0f);
+            a[i] = (float)urand();
+        } else { /* the running max and sum of the tiles before, or none */
+            m[i] = (i + kind) % 4 == 0 ? -INFINITY : kind == 3 ? 4.0f : nrand() * 3.0f;
+            l[i] = m[i] == -INFINITY ? 0.0f : (float)(1.0 + urand() * 10.0);
+            a[i] = GUARD;
+        }
+        rm[i] = m[i], rl[i] = l[i], ra[i] = a[i];
+    }
+    if (final) {
+        kt->softmax_final(st, LDQ, nq, nk, m, a);
+        attnx_kernels_scalar.softmax_final(ref, LDQ, nq, nk, rm, ra);
+    } else {
+        kt->softmax_online(st, LDQ, nq, nk, m, l, a);
+        attnx_kernels_scalar.softmax_online(ref, LDQ, nq, nk, rm, rl, ra);
+    }
+    cur.cases++;
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) /* exp, and for the final ones a product after it */
+            expect_ulps(st[j * LDQ + i], ref[j * LDQ + i], final ? 3 : 2, "p", j, i);
+    for (int i = 0; i < nq && !final; i++) {
+        expect_same(m[i], rm[i], "m", i, 0);
+        expect_ulps(a[i], ra[i], 2, "alpha", i, 0);
+        expect_within(l[i], rl[i], (nk + 4) * 0x1p-23 * fabs(rl[i]), "l", i, 0);
+    }
+    for (int j = 0; j < nk; j++)
+        for (int i = ATTNX_ROUND16(nq); i < LDQ; i++)
+            expect(st[j * LDQ + i] == GUARD, "st[%d][%d] written past the vectors", j, i);
+    free(st), free(ref);
+}
+
+static void test_softmax(const char *isa, const attnx_kernels *kt, int final)
+{
+    begin(isa, final ? "softmax_final" : "softmax_online", "ulps");
+    for (int nq = 1; nq <= SMAX; nq++)
+        for (int nk = 1; nk <= SMAX; nk++)
+            for (int kind = 0; kind < 7; kind++) softmax_case(kt, nq, nk, kind, final);
+    end();
+}
+
+/* ---- masks ------------------------------------------------------------------------- */
+
+/* Element (i, j) of a mask at base[i*sq + j*sk], strides of any sign: the
+ * lowest and highest offsets reached. */
+static void reach(int nq, int nk, int64_t sq, int64_t sk, int64_t *lo, int64_t *hi)
+{
+    const int64_t a = (int64_t)(nq - 1) * sq, b = (int64_t)(nk - 1) * sk;
+    *lo = (a < 0 ? a : 0) + (b < 0 ? b : 0);
+    *hi = (a > 0 ? a : 0) + (b > 0 ? b : 0);
+}
+
+static void mask_case(const attnx_kernels *kt, int nq, int nk, int64_t sq, int64_t sk, int boolean)
+{
+    int64_t lo, hi;
+    reach(nq, nk, sq, sk, &lo, &hi);
+    const size_t n = (size_t)(hi - lo + 1) + 8; /* 4 spare on each side: the byte gathers */
+    unsigned char *bytes = boolean ? calloc(n, 1) : NULL;
+    float *floats = boolean ? NULL : calloc(n, sizeof(float));
+    for (int i = 0; i < nq; i++) /* the elements read (the rest may lie far apart) */
+        for (int j = 0; j < nk; j++) {
+            const int64_t e = 4 - lo + i * sq + j * sk;
+            if (boolean)
+                bytes[e] = urand() < 0.4 ? 0 : (unsigned char)(1 + urand() * 255);
+            else
+                floats[e] = urand() < 0.2 ? -INFINITY : nrand();
+        }
+    float *st = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++)
+            st[j * LDQ + i] = ref[j * LDQ + i] = (i + j) % 9 == 4 ? NAN : nrand();
+    if (boolean) {
+        kt->mask_bool(st, LDQ, nq, nk, bytes + 4 - lo, sq, sk);
+        attnx_kernels_scalar.mask_bool(ref, LDQ, nq, nk, bytes + 4 - lo, sq, sk);
+    } else {
+        kt->mask_float(st, LDQ, nq, nk, floats + 4 - lo, sq, sk);
+        attnx_kernels_scalar.mask_float(ref, LDQ, nq, nk, floats + 4 - lo, sq, sk);
+    }
+    cur.cases++;
+    compare_tile(st, ref, nk, nq, 1, NULL, "st");
+    free(bytes), free(floats), free(st), free(ref);
+}
+
+static void test_mask(const char *isa, const attnx_kernels *kt, int boolean)
+{
+    begin(isa, boolean ? "mask_bool" : "mask_float", "identical");
+    for (int nq = 1; nq <= SMAX; nq++)
+        for (int nk = 1; nk <= 17; nk++) {
+            /* row-major, reversed, per key (sq = 0), transposed, strided, far apart */
+            const int64_t strides[][2] = {
+                {nk, 1},         {-nk, -1},          {0, 1},      {0, -3},      {1, nq}, {-1, -nq},
+                {3 * nk + 5, 3}, {-(2 * nk + 1), 2}, {100003, 1}, {-100003, -1}};
+            for (int s = 0; s < 10; s++)
+                mask_case(kt, nq, nk, strides[s][0], strides[s][1], boolean);
+        }
+    end();
+}
+
+/* ---- pack_qt: qt (D, LDQ) = scale · Qᵀ, zero-padded to 16 ------------------------------- */
+
+static void pack_case(const attnx_kernels *kt, int nq, int D, int64_t q_sl)
+{
+    int64_t lo, hi;
+    reach(nq, D, q_sl, 1, &lo, &hi);
+    float *buf = calloc((size_t)(hi - lo + 1), sizeof(float)), *q = buf - lo; /* row 0 at q */
+    for (int i = 0; i < nq; i++)
+        for (int d = 0; d < D; d++)
+            q[i * q_sl + d] = (i + d) % 17 == 5 ? INFINITY : (i + d) % 19 == 7 ? NAN : nrand();
+    float *qt = guarded((size_t)(D + 1) * LDQ), *ref = guarded((size_t)(D + 1) * LDQ);
+    const float scale = 0.37f;
+    kt->pack_qt(q, q_sl, nq, D, scale, qt, LDQ);
+    attnx_kernels_scalar.pack_qt(q, q_sl, nq, D, scale, ref, LDQ);
+    cur.cases++;
+    for (int d = 0; d < D; d++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++)
+            expect_same(qt[d * LDQ + i], ref[d * LDQ + i], "qt", d, i);
+    compare_tile(qt, ref, D, nq, 1, NULL, "qt"); /* and the guards past the padding */
+    free(buf), free(qt), free(ref);
+}
+
+static void test_pack(const char *isa, const attnx_kernels *kt)
+{
+    begin(isa, "pack_qt", "identical");
+    for (int nq = 1; nq <= SMAX; nq++)
+        for (int D = 1; D <= SMAX; D++) {
+            const int64_t strides[] = {D, D + 3, -D, -(D + 5), 0, 100003, -100003, 65537};
+            for (int s = 0; s < 8; s++) pack_case(kt, nq, D, strides[s]);
+        }
+    end();
+}
+
+/* ---- store_rows: out = acc · inv, and whether anything stored is inf or NaN ------------ */
+
+static void store_case(const attnx_kernels *kt, int nq, int Dv, int special)
+{
+    const int ldacc = ATTNX_ROUND16(Dv), out_sl = Dv + 3;
+    float *acc = malloc(sizeof(float) * nq * ldacc), inv[LDQ];
+    float *out = guarded((size_t)nq * out_sl), *ref = guarded((size_t)nq * out_sl);
+    fill(acc, (size_t)nq * ldacc, 0);
+    for (int i = 0; i < nq; i++) inv[i] = i % 4 == 1 ? 0.0f : (float)(0.1 + urand());
+    if (special == 1) acc[(nq / 2) * ldacc + Dv - 1] = INFINITY; /* an inf stored */
+    if (special == 2) acc[(nq - 1) * ldacc] = NAN;               /* a NaN stored */
+    if (special == 3 && nq > 1) acc[1 * ldacc + Dv / 2] = NAN;   /* in a row of inv 0: zeros */
+    if (special == 4) inv[0] = 1e38f, acc[0] = 1e10f;            /* overflows to inf */
+    const int flag = kt->store_rows(acc, ldacc, nq, Dv, inv, out, out_sl);
+    const int want = attnx_kernels_scalar.store_rows(acc, ldacc, nq, Dv, inv, ref, out_sl);
+    cur.cases++;
+    expect(!flag == !want, "returned %d, scalar %d (special %d)", flag, want, special);
+    for (int i = 0; i < nq; i++) {
+        for (int d = 0; d < Dv; d++)
+            expect_same(out[i * out_sl + d], ref[i * out_sl + d], "out", i, d);
+        for (int d = Dv; d < out_sl; d++)
+            expect(out[i * out_sl + d] == GUARD, "out[%d][%d] written past Dv", i, d);
+    }
+    free(acc), free(out), free(ref);
+}
+
+static void test_store(const char *isa, const attnx_kernels *kt)
+{
+    begin(isa, "store_rows", "identical");
+    for (int nq = 1; nq <= SMAX; nq++)
+        for (int b = 0; b < SMAX + NWIDE; b++)
+            for (int special = 0; special < 5; special++) store_case(kt, nq, size_at(b), special);
+    end();
+}
+
+/* ---- softmax_bwd: dS = P ∘ (dP − d), exactly 0 where P is 0 ----------------------------- */
+
+static void softmax_bwd_case(const attnx_kernels *kt, int nq, int nk)
+{
+    float *pt = guarded((size_t)(nk + 1) * LDQ), *dp = guarded((size_t)(nk + 1) * LDQ);
+    float *ref = guarded((size_t)(nk + 1) * LDQ), d[LDQ];
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++) {
+            pt[j * LDQ + i] = (i + 2 * j) % 5 == 0 ? 0.0f : (float)urand();
+            dp[j * LDQ + i] = ref[j * LDQ + i] = (i + j) % 11 == 3   ? NAN
+                                                 : (i + j) % 13 == 5 ? INFINITY
+                                                                     : nrand();
+        }
+    for (int i = 0; i < LDQ; i++) d[i] = nrand();
+    kt->softmax_bwd(pt, dp, LDQ, nq, nk, d);
+    attnx_kernels_scalar.softmax_bwd(pt, ref, LDQ, nq, nk, d);
+    cur.cases++;
+    compare_tile(dp, ref, nk, nq, 1, NULL, "ds");
+    free(pt), free(dp), free(ref);
+}
+
+static void test_softmax_bwd(const char *isa, const attnx_kernels *kt)
+{
+    begin(isa, "softmax_bwd", "identical");
+    for (int nq = 1; nq <= SMAX; nq++)
+        for (int nk = 1; nk <= SMAX; nk++) softmax_bwd_case(kt, nq, nk);
+    end();
+}
+
+int main(void)
+{
+    int tested = 0;
+    printf("attnx kernel test: each instruction set's kernels against the scalar ones\n");
+    for (int s = 0; s < attnx_isa_count(); s++) {
+        const char *isa = attnx_isa_name_at(s);
+        const attnx_kernels *kt = attnx_isa_kernels(isa);
+        if (!kt || kt == &attnx_kernels_scalar) {
+            if (!kt) printf("  %-7s not available here\n", isa);
+            continue;
+        }
+        tested++;
+        test_qk(isa, kt, 0);
+        test_qk(isa, kt, 1);
+        test_pv(isa, kt, 0);
+        test_pv(isa, kt, 1);
+        test_softmax(isa, kt, 0);
+        test_softmax(isa, kt, 1);
+        test_mask(isa, kt, 0);
+        test_mask(isa, kt, 1);
+        test_pack(isa, kt);
+        test_store(isa, kt);
+        test_softmax_bwd(isa, kt);
+    }
+    if (!tested) printf("  no SIMD instruction set to compare here\n");
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
