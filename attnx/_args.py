@@ -46,7 +46,7 @@ Causal = Union[bool, Literal["upper_left", "top_left", "lower_right"]]
 Layout = Literal["bhld", "blhd"]
 F32 = NDArray[np.float32]
 
-FLOAT_KINDS = (np.float16, np.float32, np.float64)
+_FLOAT_KINDS = (np.float16, np.float32, np.float64)
 _F32_MAX = float(np.finfo(np.float32).max)
 #: is_causal -> the core's code (csrc/attnx.h's attnx_causal, exported by the extension)
 CAUSAL = {False: _attnx.CAUSAL_NONE, True: _attnx.CAUSAL_UPPER_LEFT,
@@ -190,7 +190,7 @@ def check_float32_range(a: NDArray[Any], name: str) -> None:
 def float_array(x: object, name: str) -> NDArray[Any]:
     """``x`` as an ndarray of float16, float32 or float64 (kept as it is); other kinds raise."""
     a = as_array(x, name)
-    if a.dtype.type not in FLOAT_KINDS:
+    if a.dtype.type not in _FLOAT_KINDS:
         raise TypeError(
             f"{name} must be float16, float32 or float64 (computed in float32); "
             f"got dtype {a.dtype} with shape {shape_str(a)}")
@@ -331,10 +331,14 @@ class AttentionArgs(NamedTuple):
         """q, k, v and a float mask converted to ``dtype`` (float32 for the C
         core, float64 for the reference; no copy where they already are), each
         with a contiguous, aligned last axis; a broadcast mask stays a view."""
-        q, k, v = (unit_last_stride(a.astype(dtype, copy=False)) for a in (self.q, self.k, self.v))
+        q = unit_last_stride(self.q.astype(dtype, copy=False))
+        k = unit_last_stride(self.k.astype(dtype, copy=False))
+        v = unit_last_stride(self.v.astype(dtype, copy=False))
         mask = self.mask
         if mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype:
             mask = astype_broadcast(mask, dtype)
+        if q is self.q and k is self.k and v is self.v and mask is self.mask:
+            return self          # the common case, float32 inputs for the core
         return self._replace(q=q, k=k, v=v, mask=mask)
 
     @property
@@ -368,7 +372,7 @@ class AttentionArgs(NamedTuple):
         """``out``, or the tuple of ``out`` and the extras that are not None
         (weights, lse: (batch..., Hq, Lq, ...) arrays, given back without the
         leading axis added to 2-D inputs)."""
-        given = tuple(self.as_passed(a) for a in extras if a is not None)
+        given = [a[0] if self.ndim == 2 else a for a in extras if a is not None]
         return (out, *given) if given else out
 
     def folded(self) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any], Optional[NDArray[Any]]]:
@@ -444,31 +448,32 @@ def _check_shapes(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], given: Tupl
     Hq, E = q.shape[-3], q.shape[-1]
     Hk, Lk, Ek = k.shape[-3:]
     Hv, Lv = v.shape[-3:-1]
-    shapes = "query {}, key {}, value {}".format(*(shape_str(a) for a in given))
     if k.shape[:-3] != q.shape[:-3] or v.shape[:-3] != q.shape[:-3]:
-        raise ValueError(f"query, key and value must have the same batch dimensions; got {shapes}")
-    if Ek != E:
-        raise ValueError(f"query and key must have the same last dimension E; got {shapes}")
-    if Lv != Lk or Hv != Hk:
-        raise ValueError(f"key and value must have the same heads and length; got {shapes}")
-    if Hq != Hk:
-        if not enable_gqa:
-            raise ValueError(
-                f"query has N={Hq} but key/value have N={Hk}: for 3-D (N, L, E) inputs the first "
-                f"axis N (the batch, or the heads) must match; grouped-query attention "
-                f"(enable_gqa=True) is for 4-D (B, H, L, E) inputs; got {shapes}"
-                if three_d else
-                f"query has {Hq} heads but key/value have {Hk}; pass enable_gqa=True for "
-                f"grouped-query attention; got {shapes}")
-        if Hk == 0 or Hq % Hk:
-            raise ValueError(
-                f"enable_gqa needs query heads ({Hq}) to be a multiple of key/value heads ({Hk}); got {shapes}")
+        problem = "query, key and value must have the same batch dimensions"
+    elif Ek != E:
+        problem = "query and key must have the same last dimension E"
+    elif Lv != Lk or Hv != Hk:
+        problem = "key and value must have the same heads and length"
+    elif Hq != Hk and not enable_gqa:
+        problem = (f"query has N={Hq} but key/value have N={Hk}: for 3-D (N, L, E) inputs the "
+                   f"first axis N (the batch, or the heads) must match; grouped-query attention "
+                   f"(enable_gqa=True) is for 4-D (B, H, L, E) inputs"
+                   if three_d else
+                   f"query has {Hq} heads but key/value have {Hk}; pass enable_gqa=True for "
+                   f"grouped-query attention")
+    elif Hq != Hk and (Hk == 0 or Hq % Hk):
+        problem = (f"enable_gqa needs query heads ({Hq}) to be a multiple of key/value heads "
+                   f"({Hk})")
+    else:
+        return
+    shapes = "query {}, key {}, value {}".format(*(shape_str(a) for a in given))
+    raise ValueError(f"{problem}; got {shapes}")
 
 
 def _mask_view(attn_mask: object, full: Tuple[int, ...]) -> NDArray[Any]:
     """The mask, bool or float, as a broadcast view of shape ``full`` (never expanded)."""
     m = as_array(attn_mask, "attn_mask")
-    if m.dtype != np.bool_ and m.dtype.type not in FLOAT_KINDS:
+    if m.dtype != np.bool_ and m.dtype.type not in _FLOAT_KINDS:
         raise TypeError(
             f"attn_mask must be bool (True = attend) or float (added to the scores); got dtype "
             f"{m.dtype} with shape {shape_str(m)}. For a 0/1 integer mask pass mask.astype(bool) "

@@ -256,21 +256,25 @@ def scaled_dot_product_attention(
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                        layout=layout, key_lengths=key_lengths,
                        query_lengths=query_lengths).astype(np.float32)
-    out = np.empty(p.caller_shape(p.out_shape), np.float32)
+    out_shape = p.out_shape
+    out = np.empty(p.caller_shape(out_shape), np.float32)
     weights = np.empty(p.scores_shape, np.float32) if need_weights else None
-    lse = np.empty(p.out_shape[:-1], np.float32) if return_lse else None
+    lse = np.empty(out_shape[:-1], np.float32) if return_lse else None
     for c in _core_calls(p, p.core_view(out), weights, None if lse is None else lse[..., None]):
         _attnx.forward(c.q, c.k, c.v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
                        p.causal, p.scale, c.lse)
+    if weights is None and lse is None:
+        return out
     return cast(_Result, p.results(out, weights, lse))
 
 
 def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: object,
                scale: object) -> Optional[NDArray[np.float32]]:
-    """The common call, (B, H, L, E) float32 arrays and no options, with only
-    the checks it needs (a few microseconds less per call, which is most of
-    the overhead of a small problem). None: take the general path, which
-    also words every error message."""
+    """The common call, (B, H, L, E) float32 arrays and no options, computed
+    without attention_args (a few microseconds less per call, which is most of
+    the overhead of a small problem). What it tests are the conditions of that
+    call, not checks: None, for any call that does not meet them, sends it
+    through attention_args, which checks everything and words every error."""
     if not (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray):
         return None
     if not (q.dtype == _FLOAT32 and k.dtype == _FLOAT32 and v.dtype == _FLOAT32

@@ -55,8 +55,8 @@ class MultiHeadAttention:
     ``head_h = softmax(Q_h K_hᵀ / sqrt(d_head) + mask) V_h`` and
     ``Q = query @ W_q + b_q``, ``K = key @ W_k + b_k``, ``V = value @ W_v + b_v``.
 
-    ``d_model`` need not be divisible by ``num_heads`` (as in tutorials using GloVe
-    embeddings have 50, 100, 200 or 300 features): the inputs are projected to
+    ``d_model`` need not be divisible by ``num_heads`` (the GloVe embeddings of
+    many tutorials have 50, 100, 200 or 300 features): the inputs are projected to
     ``H * d_head`` features and ``W_o`` maps the concatenated heads back to
     ``d_model``.
 

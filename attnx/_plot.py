@@ -7,7 +7,6 @@ without it; ``pip install "attnx[plot]"`` installs it.
 from __future__ import annotations
 
 import math
-import operator
 import os
 import sys
 from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Tuple, Union
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Tuple,
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._args import as_array, shape_str
+from ._args import as_array, integer, shape_str
 
 if TYPE_CHECKING:  # matplotlib is optional: its types only matter to a type checker
     from matplotlib.axes import Axes
@@ -99,26 +98,23 @@ def _select_heads(w: NDArray[np.float64], head: Any
                              f"(pass (H, Lq, Lk) or (1, H, Lq, Lk) weights)")
         return [w], [None]
 
-    H = w.shape[0]
-    if head is None:
-        picked = list(range(H))
-    else:
-        many = not isinstance(head, (int, np.integer)) and np.ndim(head) == 1
-        items = list(head) if many else [head]
-        if not items:
-            raise ValueError("head is an empty sequence: nothing to plot")
-        picked = []
-        for h in items:
-            if isinstance(h, (bool, np.bool_)):
-                raise TypeError(f"head must be an int or a sequence of ints; got {head!r}")
-            try:
-                h = operator.index(h)
-            except TypeError:
-                raise TypeError(f"head must be an int or a sequence of ints; got {head!r}") from None
-            if not -H <= h < H:
-                raise ValueError(f"head {h} is out of range for weights of shape {shape} with {H} heads")
-            picked.append(h % H)
+    picked = list(range(w.shape[0])) if head is None else _head_indices(head, w.shape[0], shape)
     return [w[h] for h in picked], [f"head {h}" for h in picked]
+
+
+def _head_indices(head: Any, H: int, shape: str) -> List[int]:
+    """``head`` (an int or a sequence of ints, negative from the end) as indices in [0, H)."""
+    many = not isinstance(head, (int, np.integer)) and np.ndim(head) == 1
+    items = list(head) if many else [head]
+    if not items:
+        raise ValueError("head is an empty sequence: nothing to plot")
+    picked = []
+    for item in items:
+        h = integer(item, "head", "an int or a sequence of ints")
+        if not -H <= h < H:
+            raise ValueError(f"head {h} is out of range for weights of shape {shape} with {H} heads")
+        picked.append(h % H)
+    return picked
 
 
 def _tokens(tokens: Any, n: int, name: str, axis: str, shape: str) -> Optional[List[str]]:

@@ -63,10 +63,10 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
     with np.errstate(invalid="ignore", over="ignore"):
         scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
-    if mask is not None and mask.dtype != np.bool_:
+    bool_mask = mask if mask is not None and mask.dtype == np.bool_ else None
+    if mask is not None and bool_mask is None:
         scores = scores + mask.astype(np.float64)
-        mask = None
-    allowed, row_ok = _allowed(scores.shape, mask, is_causal, key_lengths, query_lengths)
+    allowed, row_ok = _allowed(scores.shape, bool_mask, is_causal, key_lengths, query_lengths)
     w = _softmax(np.where(allowed, scores, -np.inf), allowed)
     with np.errstate(invalid="ignore", over="ignore"):
         w = np.where(row_ok, w, 0.0)
@@ -76,6 +76,7 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
 
 
 def _float64(x: object, name: str) -> F64:
+    """An array argument as float64 (no copy when it already is)."""
     return np.asarray(as_array(x, name), dtype=np.float64)
 
 

@@ -8,7 +8,8 @@
 * ``rng``: a NumPy Generator seeded from the test's id (reproducible, and
   different for every parametrised case).
 * ``randn`` / ``make_qkv``: random float32 inputs; ``random_bool_mask``,
-  ``random_float_mask``, ``random_mask``: random masks.
+  ``random_float_mask``, ``random_mask``: random masks; ``DLPackOnly``: an
+  array reachable through DLPack only.
 * ``naive``: an independent float64 attention on explicit, fully materialised
   4-D arrays built by the test itself. ``attnx.reference`` shares the argument
   handling of ``attnx.scaled_dot_product_attention`` (layout, broadcasting,
@@ -88,6 +89,19 @@ def make_qkv(rng, B=(2,), Hq=3, Lq=5, Lk=7, E=16, Ev=None, Hk=None, dtype=np.flo
     k = randn(rng, B + (Hk, Lk, E), dtype)
     v = randn(rng, B + (Hk, Lk, Ev), dtype)
     return q, k, v
+
+
+class DLPackOnly:
+    """Exposes its data through DLPack only (``np.asarray`` gives an object array)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
 
 
 def random_bool_mask(rng, shape, p=0.7):

@@ -67,8 +67,8 @@ def test_lengths_written_by_another_thread_never_crash():
 # ------------------------------------ broadcast masks over two batch axes
 
 def test_mask_broadcast_over_two_batch_axes_is_not_expanded():
-    """The example of the report: a (2, 1, 1, L, L) mask over (2, 4, 8, L, E)
-    inputs used to be copied to (2, 4, 8, L, L) (+256 MiB)."""
+    """A (2, 1, 1, L, L) mask over (2, 4, 8, L, E) inputs is read through its
+    strides, never expanded to (2, 4, 8, L, L) (+256 MiB)."""
     code = textwrap.dedent("""
         import resource, numpy as np, attnx
         q = np.random.rand(2, 4, 8, 1024, 32).astype('f4')

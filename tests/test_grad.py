@@ -330,14 +330,15 @@ def test_torch_function_keeps_dtypes_and_skips_unneeded_grads(rng):
 
 # ------------------------------------------------------ MultiHeadAttention
 
-@pytest.mark.parametrize("cross", ["self", "key", "key_value"])
+@pytest.mark.parametrize("cross", ["self", "key", "key_value", "value"])
 def test_mha_vjp_matches_torch(rng, cross):
     torch = pytest.importorskip("torch")
     mha = attnx.MultiHeadAttention(20, 3, seed=0)       # d_head = 6: 20 does not divide by 3
     x = randn(rng, (2, 5, 20))
     y = randn(rng, (2, 7, 20))
-    kw = {} if cross == "self" else {"key": y} if cross == "key" else {"key": y, "value": 2 * y}
-    Lk = 5 if cross == "self" else 7
+    kw = {"self": {}, "key": {"key": y}, "key_value": {"key": y, "value": 2 * y},
+          "value": {"value": 2 * x}}[cross]              # "value": key defaults to the query
+    Lk = 7 if "key" in kw else 5
     out, vjp = mha.vjp(x, is_causal="lower_right", key_lengths=[Lk, 3], **kw)
     dout = randn(rng, out.shape)
     g = vjp(dout)
@@ -403,7 +404,7 @@ def test_the_upstream_gradient_is_not_summed_away(rng):
 
 
 def test_scalar_float_mask_gets_a_scalar_gradient(rng):
-    """A 0-d float mask (found by the fuzzer) gets a 0-d gradient: the sum over every score."""
+    """A 0-d float mask gets a 0-d gradient: the sum over every score."""
     q, k, v = make_qkv(rng, B=(1,), Hq=1, Lq=3, Lk=4, E=8)
     m = np.float32(0.5)
     g = check(rng, q, k, v, attn_mask=np.asarray(m))

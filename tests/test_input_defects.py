@@ -24,6 +24,7 @@ import pytest
 
 import attnx
 from attnx import _attnx
+from conftest import DLPackOnly
 
 
 @pytest.fixture
@@ -49,17 +50,6 @@ def neg_bit(torch, a):
     return x
 
 
-class DLPackOnly:
-    def __init__(self, a):
-        self._a = a
-
-    def __dlpack__(self, *args, **kwargs):
-        return self._a.__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
-
-
 # ------------------------------------------------------------ A. negative bit
 
 def test_negative_bit_tensors_give_their_values(torch):
@@ -72,7 +62,7 @@ def test_negative_bit_tensors_give_their_values(torch):
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got, F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm).numpy(),
                                atol=1e-5, rtol=1e-5)
-    # the report's case: only the query
+    # only the query has the bit
     np.testing.assert_array_equal(attnx.scaled_dot_product_attention(tq, k, v),
                                   attnx.scaled_dot_product_attention(q, k, v))
     assert tq.is_neg()                      # the caller's tensor is untouched
@@ -236,7 +226,8 @@ def test_masked_arrays_are_refused(mask):
 
 
 def test_masked_nans_do_not_reach_the_output():
-    """The report's case: NaN padding hidden by the mask used to come out."""
+    """NaN padding hidden by a masked array's mask is refused, never read as values;
+    the lengths the message suggests leave it out."""
     q, k, v = qkv()
     v_pad = v.copy()
     v_pad[..., 5:, :] = np.nan

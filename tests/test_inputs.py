@@ -17,6 +17,7 @@ import pytest
 
 import attnx
 from attnx import _functional
+from conftest import DLPackOnly
 
 
 @pytest.fixture
@@ -51,19 +52,6 @@ class ArrayOnly:
 
     def __array__(self, dtype=None, copy=None):
         return self._a if dtype is None else self._a.astype(dtype)
-
-
-class DLPackOnly:
-    """Exposes its data through DLPack only (``np.asarray`` gives an object array)."""
-
-    def __init__(self, a):
-        self._a = a
-
-    def __dlpack__(self, *args, **kwargs):
-        return self._a.__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
 
 
 def shares(recorded, original):

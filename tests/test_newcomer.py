@@ -1,10 +1,11 @@
 """Importing attnx from a source tree that holds no built extension.
 
-Run from the root of a fresh clone, ``pip install . && python -m attnx`` used to
-fail with "cannot import name '_attnx' from partially initialized module 'attnx'
-(most likely due to a circular import)": the current directory comes first on
-sys.path, so the clone's ``attnx/`` (no ``_attnx*.so`` in it) shadows the
-installed package. The import must instead say what happened and what to run.
+Run from the root of a fresh clone, ``pip install . && python -m attnx``
+imports the clone's ``attnx/`` (no ``_attnx*.so`` in it), not the installed
+package: the current directory comes first on sys.path. Python's own message
+would then be "cannot import name '_attnx' from partially initialized module
+'attnx' (most likely due to a circular import)"; the import must instead say
+what happened and what to run.
 
 Each case copies the package's ``.py`` files (not the extension) into a temporary
 directory and imports attnx from there in a subprocess whose ``sys.path[0]`` is

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-NOTEBOOKS = ["tour.ipynb", "compare.ipynb"]
+NOTEBOOKS = ["tour.ipynb", "compare.ipynb", "train.ipynb"]
 CELL_TIMEOUT = 180          # seconds per cell; the whole compare notebook takes ~20 s
 
 
@@ -48,7 +48,7 @@ def test_notebook_runs(name, tmp_path):
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{name}: {errors}"
     images = sum(1 for c in code for o in c.outputs if "image/png" in o.get("data", {}))
-    assert images >= {"tour.ipynb": 4, "compare.ipynb": 1}[name], f"{name}: only {images} figures shown"
+    assert images >= {"tour.ipynb": 4, "compare.ipynb": 1, "train.ipynb": 3}[name], f"{name}: only {images} figures shown"
     # No figure is shown twice, and no cell ends by printing a matplotlib object's repr:
     # plot_attention returns a pyplot figure, which a notebook shows at the end of the cell
     # anyway, so the notebooks assign the result (or end the line with ";").

@@ -194,8 +194,8 @@ def problems(draw):
         vals = rng.integers(0, L + 1, size=lshape)
         if draw(st.booleans()) and lshape:
             vals = rng.integers(0, L + 1, size=(1,) * len(lshape))   # broadcast lengths
-        # aligned: misaligned int64 lengths are refused today, a known bug that
-        # test_misaligned_lengths below pins down on its own
+        # aligned only: misaligned lengths have their own test,
+        # test_misaligned_lengths below
         lens[name] = place(vals, dt, draw(memory(vals.ndim, aligned_only=True)))
 
     kwargs = dict(

@@ -18,7 +18,7 @@ F32 = NDArray[np.float32]
 
 
 def encode(mha: attnx.MultiHeadAttention, x: F32, lengths: list[int]) -> F32:
-    """Encoder self-attention over a padded batch (seed 002's encoder mask)."""
+    """Encoder self-attention over a padded batch (a Transformer encoder's padding mask)."""
     return mha(x, key_lengths=lengths, query_lengths=lengths)
 
 
@@ -65,7 +65,7 @@ def main() -> None:
         _, w = res
         assert w.shape == (2, 8, 16, 16)
 
-    # the seeds' sentence through a GloVe-sized layer
+    # a tutorial's example sentence through a GloVe-sized layer
     tokens = "The animal didn't cross the street because it was too tired".split()
     emb: F32 = rng.standard_normal((2, len(tokens), 50), dtype=np.float32)
     mha = attnx.MultiHeadAttention(50, 8, seed=0)                 # d_head = 6
