@@ -322,50 +322,48 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
-    def backward_memory(self, L: int, H: int, D: int) -> Row:
-        """Peak RSS growth of one long-sequence backward, in a fresh process."""
+    @staticmethod
+    def _rss_growth(L: int, H: int, D: int, before: str, call: str, sizes: str) -> Tuple[float, float, int]:
+        """Run ``before`` then, timed, ``call`` in a fresh process on q, k, v (and
+        a dout ``do``), each (1, H, L, D): the peak RSS growth during ``call`` in
+        MiB, its seconds, and the bytes of the arrays named by ``sizes``."""
         code = (
             "import resource, time, numpy as np, attnx\n"
             f"rng = np.random.default_rng(0); L, H, D = {L}, {H}, {D}\n"
             "q, k, v, do = (rng.standard_normal((1, H, L, D), dtype=np.float32) for _ in range(4))\n"
-            "out, lse = attnx.scaled_dot_product_attention(q, k, v, return_lse=True)\n"
+            f"{before}\n"
             "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "t0 = time.perf_counter()\n"
-            "g = attnx.scaled_dot_product_attention_backward(do, q, k, v, out, lse)\n"
+            f"{call}\n"
             "t = time.perf_counter() - t0\n"
             "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-            "print(base, peak, t, q.nbytes * 3)\n")
+            f"print(base, peak, t, {sizes})\n")
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        base_kib, peak_kib, t, grads = res.stdout.split()
-        extra = (int(peak_kib) - int(base_kib)) / 1024
+        base_kib, peak_kib, t, nbytes = res.stdout.split()
+        return (int(peak_kib) - int(base_kib)) / 1024, float(t), int(nbytes)
+
+    def backward_memory(self, L: int, H: int, D: int) -> Row:
+        """Peak RSS growth of one long-sequence backward, in a fresh process."""
+        extra, t, grads = self._rss_growth(
+            L, H, D, "out, lse = attnx.scaled_dot_product_attention(q, k, v, return_lse=True)",
+            "g = attnx.scaled_dot_product_attention_backward(do, q, k, v, out, lse)", "q.nbytes * 3")
         row: Row = {"case": f"long backward L={L} H={H} D={D}", "threads": self.threads,
-                    "attnx_s": float(t), "attnx_gflops": 10.0 * H * L * L * D / float(t) / 1e9,
+                    "attnx_s": t, "attnx_gflops": 10.0 * H * L * L * D / t / 1e9,
                     "peak_rss_growth_MiB": extra,
                     "note": f"RSS grew {extra:.0f} MiB during the call (the gradients are "
-                            f"{int(grads) / 2**20:.0f} MiB)"}
+                            f"{grads / 2**20:.0f} MiB)"}
         self.emit(row)
         return row
 
     def memory(self, L: int, H: int, D: int) -> Row:
         """Peak RSS of one long-sequence call, in a fresh process."""
-        code = (
-            "import resource, numpy as np, attnx\n"
-            f"rng = np.random.default_rng(0); L, H, D = {L}, {H}, {D}\n"
-            "q, k, v = (rng.standard_normal((1, H, L, D), dtype=np.float32) for _ in range(3))\n"
-            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-            "import time; t0 = time.perf_counter()\n"
-            "out = attnx.scaled_dot_product_attention(q, k, v)\n"
-            "t = time.perf_counter() - t0\n"
-            "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-            "print(base, peak, t, q.nbytes * 3 + out.nbytes)\n")
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        base_kib, peak_kib, t, data = res.stdout.split()
-        extra = (int(peak_kib) - int(base_kib)) / 1024
-        flops = 4.0 * H * L * L * D
-        row: Row = {"case": f"long L={L} H={H} D={D}", "threads": self.threads, "attnx_s": float(t),
-               "attnx_gflops": flops / float(t) / 1e9, "peak_rss_growth_MiB": extra,
-               "note": f"RSS grew {extra:.0f} MiB during the call (inputs + output {int(data) / 2**20:.0f} MiB, "
-                       "allocated before)"}
+        extra, t, data = self._rss_growth(
+            L, H, D, "pass", "out = attnx.scaled_dot_product_attention(q, k, v)",
+            "out.nbytes")
+        row: Row = {"case": f"long L={L} H={H} D={D}", "threads": self.threads, "attnx_s": t,
+                    "attnx_gflops": 4.0 * H * L * L * D / t / 1e9, "peak_rss_growth_MiB": extra,
+                    "note": f"RSS grew {extra:.0f} MiB during the call, which allocates the "
+                            f"{data / 2**20:.0f} MiB output (the inputs were allocated before)"}
         self.emit(row)
         return row
 

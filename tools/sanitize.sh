@@ -133,9 +133,19 @@ available=$(cd "$tree" && sanitized_env "$PY" -c "import attnx; print(' '.join(a
 isas=${ATTNX_SANITIZE_ISAS:-scalar avx2 avx512}
 best=""
 for isa in $isas; do [[ " $available " == *" $isa "* ]] && best=$isa; done
+# the files whose code paths depend on the ISA: the attention itself (values,
+# masks, causal and lengths, GQA and layouts, shapes, the fast path), the
+# gradients, the core's edges, threads and the fuzz corpus
+default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengths.py
+    tests/test_gqa_layout.py tests/test_shapes.py tests/test_fast_path.py tests/test_seeds.py
+    tests/test_errors.py tests/test_threads.py tests/test_mha.py tests/test_grad.py
+    tests/test_core_edges.py tests/test_determinism.py tests/test_fuzz_corpus.py"
 subset=()
-for f in ${ATTNX_SANITIZE_SUBSET:-tests/test_sdpa.py tests/test_seeds.py tests/test_errors.py tests/test_threads.py tests/test_mha.py tests/test_fuzz_corpus.py}; do
-    [[ -e $tree/$f ]] && subset+=("$f")
+for f in ${ATTNX_SANITIZE_SUBSET:-$default_subset}; do
+    # a file that is not there is an error, not a silent skip: a renamed test
+    # file would otherwise drop out of the sanitizer runs unnoticed
+    [[ -e $tree/$f ]] || { echo "sanitize: $f (ATTNX_SANITIZE_SUBSET) does not exist" >&2; exit 1; }
+    subset+=("$f")
 done
 for isa in $isas; do
     if [[ " $available " != *" $isa "* ]]; then

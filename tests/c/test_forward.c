@@ -13,16 +13,8 @@
 
 #include "attnx.h"
 #include "kernels/kernels.h"
+#include "common.h"
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static double urand(void) /* xorshift64*, uniform in [0, 1) */
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-}
-static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
 static int64_t irand(int64_t n) { return (int64_t)(urand() * (double)n); }
 
 /* Naive attention in double: out (B, Hq, Lq, Dv), contiguous. */

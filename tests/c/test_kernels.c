@@ -33,21 +33,13 @@
 
 #include "attnx.h"
 #include "kernels/kernels.h"
+#include "common.h"
 
 #define LDQ ATTNX_BQ /* the drivers' ldq: a multiple of every vector width */
 #define MAXW 16      /* the widest vector: sizes 1 .. 2 * MAXW + 1 */
 #define SMAX (2 * MAXW + 1)
 #define GUARD 12345.0f /* what a kernel must not overwrite */
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static double urand(void) /* xorshift64*, uniform in [0, 1) */
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-}
-static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
 static float irand_f(int lo, int hi) { return (float)(lo + (int)(urand() * (hi - lo + 1))); }
 
 /* ---- bookkeeping: one line per instruction set and kernel ---------------- */
@@ -515,6 +507,7 @@ static void test_softmax_bwd(const char *isa, const attnx_kernels *kt)
 
 int main(void)
 {
+    rng_state = 0x2545F4914F6CDD1Dull; /* this file's seed */
     int tested = 0;
     printf("attnx kernel test: each instruction set's kernels against the scalar ones\n");
     for (int s = 0; s < attnx_isa_count(); s++) {
