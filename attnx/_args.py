@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, Dict, Literal, NamedTuple, Optional, Protocol, Tuple, Union
+from typing import Any, Dict, List, Literal, NamedTuple, Optional, Protocol, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -310,6 +310,108 @@ def scale_value(scale: object, E: int) -> float:
 
 # ------------------------------------------------------- attention arguments
 
+Window = Optional[Tuple[Optional[int], Optional[int]]]
+Alignment = Optional[Literal["upper_left", "lower_right"]]
+
+
+class Variants(NamedTuple):
+    """The checked variant arguments (window, alignment, softcap, ALiBi, sinks)."""
+
+    window: Optional[Tuple[int, int]] = None  # (left, right), -1 = unbounded side
+    align: int = _attnx.ALIGN_UPPER_LEFT      # the diagonal without causal
+    softcap: float = 0.0                      # 0: none
+    alibi: Optional[NDArray[Any]] = None      # (B, Hq), B = prod(batch)
+    sinks: Optional[NDArray[Any]] = None      # (B, Hq)
+
+    def core(self, alibi: Optional[NDArray[Any]], sinks: Optional[NDArray[Any]]) -> Optional[Tuple[Any, ...]]:
+        """The core's ``variant`` argument for one call (with that call's
+        (B, Hq) views of the slopes and sinks), or None for plain attention."""
+        if self is NO_VARIANTS:
+            return None
+        left, right = self.window if self.window is not None else (-1, -1)
+        return (self.window is not None, left, right, self.align, self.softcap, alibi, sinks)
+
+    def astype(self, dtype: type[np.floating[Any]]) -> Variants:
+        if self.alibi is None and self.sinks is None:
+            return self
+
+        def conv(a: Optional[NDArray[Any]]) -> Optional[NDArray[Any]]:
+            return None if a is None else np.ascontiguousarray(a, dtype=dtype)
+        return self._replace(alibi=conv(self.alibi), sinks=conv(self.sinks))
+
+
+NO_VARIANTS = Variants()
+_ALIGN = {"upper_left": _attnx.ALIGN_UPPER_LEFT, "lower_right": _attnx.ALIGN_LOWER_RIGHT}
+
+
+def _window_side(x: object) -> int:
+    if x is None:
+        return -1
+    return integer(x, "window", "(left, right) with each side an integer >= 0, or -1 / None "
+                   "for an unbounded side", -1)
+
+
+def window_value(window: object) -> Optional[Tuple[int, int]]:
+    """``window`` as (left, right) with -1 for an unbounded side, or None."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right); got {window!r}")
+    return _window_side(window[0]), _window_side(window[1])
+
+
+def align_code(alignment: object, causal: int) -> int:
+    """The diagonal's alignment: ``alignment`` if given (it must agree with a causal
+    mode), else the causal mode's (upper-left without one)."""
+    if alignment is not None and alignment not in _ALIGN:
+        raise ValueError(f'alignment must be None, "upper_left" or "lower_right"; got {alignment!r}')
+    implied = "lower_right" if causal == _attnx.CAUSAL_LOWER_RIGHT else "upper_left"
+    if alignment is None:
+        return int(_ALIGN[implied])
+    if causal != _attnx.CAUSAL_NONE and alignment != implied:
+        raise ValueError(f"alignment={alignment!r} contradicts is_causal={CAUSAL_ARG[causal]!r}, "
+                         f"whose diagonal is {implied!r}")
+    return int(_ALIGN[str(alignment)])
+
+
+def softcap_value(softcap: object) -> float:
+    """``softcap`` as a float > 0 (0.0 for None)."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be None or a real number > 0; got {type(softcap).__name__}")
+    c = float(softcap)
+    if not (c > 0 and math.isfinite(c) and math.isfinite(np.float32(c)) and np.float32(c) > 0):
+        raise ValueError(f"softcap must be finite and > 0 (in float32); got {softcap!r}")
+    return c
+
+
+def per_head(x: object, name: str, target: Tuple[int, ...], B: int, H: int) -> NDArray[Any]:
+    """A per-head float array broadcast to ``target`` = (batch..., Hq), as (B, H)."""
+    a = float_array(x, name)
+    try:
+        b = np.broadcast_to(a, target)
+    except ValueError:
+        raise ValueError(f"{name} with shape {shape_str(a)} does not broadcast to (batch..., heads) "
+                         f"= {target}") from None
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} must be finite")
+    return np.ascontiguousarray(b).reshape(B, H)
+
+
+def variant_args(window: object, sinks: object, softcap: object, alibi_slopes: object,
+                 alignment: object, causal: int, target: Tuple[int, ...], B: int, H: int) -> Variants:
+    """The variant arguments, checked; per-head arrays as (B, H) float arrays."""
+    if window is None and sinks is None and softcap is None and alibi_slopes is None \
+            and alignment is None:
+        return NO_VARIANTS
+    return Variants(
+        window=window_value(window), align=align_code(alignment, causal),
+        softcap=softcap_value(softcap),
+        alibi=None if alibi_slopes is None else per_head(alibi_slopes, "alibi_slopes", target, B, H),
+        sinks=None if sinks is None else per_head(sinks, "sinks", target, B, H))
+
+
 class AttentionArgs(NamedTuple):
     """The checked arguments of an attention function: views of the inputs
     with every batch axis kept (the core's (B, H, L, E) views come from
@@ -326,6 +428,7 @@ class AttentionArgs(NamedTuple):
     batch_shape: Tuple[int, ...]
     layout: str
     ndim: int                               # of query as passed (2: a leading axis was added)
+    variants: Variants = NO_VARIANTS
 
     def astype(self, dtype: type[np.floating[Any]]) -> AttentionArgs:
         """q, k, v and a float mask converted to ``dtype`` (float32 for the C
@@ -337,9 +440,15 @@ class AttentionArgs(NamedTuple):
         mask = self.mask
         if mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype:
             mask = astype_broadcast(mask, dtype)
-        if q is self.q and k is self.k and v is self.v and mask is self.mask:
+        variants = self.variants.astype(dtype)
+        if q is self.q and k is self.k and v is self.v and mask is self.mask \
+                and self.variants is NO_VARIANTS:
             return self          # the common case, float32 inputs for the core
-        return self._replace(q=q, k=k, v=v, mask=mask)
+        return self._replace(q=q, k=k, v=v, mask=mask, variants=variants)
+
+    def per_head(self) -> List[Optional[NDArray[Any]]]:
+        """The (B, Hq) arrays of a core call: lengths, ALiBi slopes, sinks."""
+        return [self.key_lengths, self.query_lengths, self.variants.alibi, self.variants.sinks]
 
     @property
     def scores_shape(self) -> Tuple[int, ...]:
@@ -388,7 +497,10 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                    is_causal: Causal = False, scale: Optional[float] = None,
                    enable_gqa: bool = False, *, layout: Layout = "bhld",
                    key_lengths: Optional[ArrayInput] = None,
-                   query_lengths: Optional[ArrayInput] = None) -> AttentionArgs:
+                   query_lengths: Optional[ArrayInput] = None, window: Window = None,
+                   sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
+                   alibi_slopes: Optional[ArrayInput] = None,
+                   alignment: Alignment = None) -> AttentionArgs:
     """The arguments every attention function shares (those of
     ``scaled_dot_product_attention`` but its outputs' flags), checked.
 
@@ -416,8 +528,10 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
         kl = _lengths(key_lengths, "key_lengths", lead, Lk, B, Hq, heads_are_batch)
     if query_lengths is not None:
         ql = _lengths(query_lengths, "query_lengths", lead, Lq, B, Hq, heads_are_batch)
+    variants = variant_args(window, sinks, softcap, alibi_slopes, alignment, causal,
+                            batch_shape + (Hq,), B, Hq)
     return AttentionArgs(q, k, v, mask, kl, ql, causal, scale_f, batch_shape, str(layout),
-                         given[0].ndim)
+                         given[0].ndim, variants)
 
 
 def _qkv_views(query: object, key: object, value: object, layout: object) -> Tuple[

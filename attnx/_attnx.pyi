@@ -21,6 +21,8 @@ def forward(
     causal: int,
     scale: float,
     lse: NDArray[np.float32] | None = None,
+    variant: tuple[bool, int, int, int, float, NDArray[np.float32] | None,
+                   NDArray[np.float32] | None] | None = None,
     /,
 ) -> None:
     """Private: attention on 4-D float32 views, written into ``out`` (and ``weights``,
@@ -30,7 +32,9 @@ def forward(
     unit last stride; out (B, Hq, Lq, Ev) writeable; weights None or
     C-contiguous (B, Hq, Lq, Lk); mask None or bool/float32 (B, Hq, Lq, Lk)
     with any strides (0 for broadcast axes); lengths None or int64 (B, Hq);
-    causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or CAUSAL_LOWER_RIGHT. Releases the GIL.
+    causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or CAUSAL_LOWER_RIGHT; variant None or
+    (window_on, left, right, align, softcap, alibi_slopes, sinks), the arrays None
+    or float32 (B, Hq). Releases the GIL.
     """
 
 def isa() -> str:
@@ -70,6 +74,8 @@ def backward(
     query_lengths: NDArray[np.int64] | None,
     causal: int,
     scale: float,
+    variant: tuple[bool, int, int, int, float, NDArray[np.float32] | None,
+                   NDArray[np.float32] | None] | None = None,
     /,
 ) -> None:
     """Private: gradients of ``forward`` written into dq, dk, dv (and dmask, zeroed by the caller)."""
@@ -79,3 +85,7 @@ CAUSAL_UPPER_LEFT: int
 """Query i sees keys j <= i (PyTorch's is_causal)."""
 CAUSAL_LOWER_RIGHT: int
 """Query i sees keys j <= i + Lk - Lq (decoding)."""
+ALIGN_UPPER_LEFT: int
+"""The ``align`` code of a variant: the diagonal d(i) = i."""
+ALIGN_LOWER_RIGHT: int
+"""The diagonal d(i) = i + Lk - Lq."""

@@ -15,7 +15,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
-from ._args import (CAUSAL, F32, ArrayInput, AttentionArgs, Causal, Layout, attention_args, check_flag,
+from ._args import (CAUSAL, F32, Alignment, ArrayInput, AttentionArgs, Causal, Layout, Window,
+                    attention_args, check_flag,
                     default_scale)
 
 __all__ = ["scaled_dot_product_attention"]
@@ -37,6 +38,7 @@ class _CoreCall(NamedTuple):
     out: NDArray[Any]
     weights: Optional[NDArray[Any]]
     lse: Optional[NDArray[Any]]
+    variant: Optional[Tuple[Any, ...]]
 
 
 def _fold_batch(a: NDArray[Any], nb: int) -> Optional[NDArray[Any]]:
@@ -81,11 +83,10 @@ def _core_calls(p: AttentionArgs, out: NDArray[Any], weights: Optional[NDArray[A
                 lse: Optional[NDArray[Any]] = None) -> Iterator[_CoreCall]:
     """The forward's core calls into ``out`` (batch..., Hq, Lq, Ev), ``weights``
     (batch..., Hq, Lq, Lk) and ``lse`` (batch..., Hq, Lq, 1): see fold_calls."""
-    for (q, k, v, m, o, w, l4), (kl, ql) in fold_calls(
-            p.batch_shape, [p.q, p.k, p.v, p.mask, out, weights, lse],
-            [p.key_lengths, p.query_lengths]):
+    for (q, k, v, m, o, w, l4), (kl, ql, slopes, sinks) in fold_calls(
+            p.batch_shape, [p.q, p.k, p.v, p.mask, out, weights, lse], p.per_head()):
         assert q is not None and k is not None and v is not None and o is not None
-        yield _CoreCall(q, k, v, m, kl, ql, o, w, l4)
+        yield _CoreCall(q, k, v, m, kl, ql, o, w, l4, p.variants.core(slopes, sinks))
 
 
 @overload
@@ -95,6 +96,9 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
+        window: Window = None, sinks: Optional[ArrayInput] = None,
+        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+        alignment: Alignment = None,
         need_weights: Literal[False] = False, return_lse: Literal[False] = False) -> F32: ...
 
 
@@ -105,6 +109,9 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
+        window: Window = None, sinks: Optional[ArrayInput] = None,
+        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+        alignment: Alignment = None,
         need_weights: Literal[True], return_lse: Literal[False] = False) -> Tuple[F32, F32]: ...
 
 
@@ -115,6 +122,9 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
+        window: Window = None, sinks: Optional[ArrayInput] = None,
+        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+        alignment: Alignment = None,
         need_weights: Literal[False] = False, return_lse: Literal[True]) -> Tuple[F32, F32]: ...
 
 
@@ -125,6 +135,9 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
+        window: Window = None, sinks: Optional[ArrayInput] = None,
+        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+        alignment: Alignment = None,
         need_weights: Literal[True], return_lse: Literal[True]) -> Tuple[F32, F32, F32]: ...
 
 
@@ -135,6 +148,9 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
+        window: Window = None, sinks: Optional[ArrayInput] = None,
+        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+        alignment: Alignment = None,
         need_weights: bool = False, return_lse: Literal[False] = False,
 ) -> Union[F32, Tuple[F32, F32]]: ...
 
@@ -146,6 +162,9 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
+        window: Window = None, sinks: Optional[ArrayInput] = None,
+        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+        alignment: Alignment = None,
         need_weights: bool = False, return_lse: bool = False,
 ) -> Union[F32, Tuple[F32, F32], Tuple[F32, F32, F32]]: ...
 
@@ -156,6 +175,9 @@ def scaled_dot_product_attention(
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None,
+        window: Window = None, sinks: Optional[ArrayInput] = None,
+        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+        alignment: Alignment = None,
         need_weights: bool = False, return_lse: bool = False,
 ) -> Union[F32, Tuple[F32, F32], Tuple[F32, F32, F32]]:
     """Masked multi-head scaled dot-product attention, ``softmax(Q Kᵀ · scale + mask) V``.
@@ -192,6 +214,26 @@ def scaled_dot_product_attention(
         Shape (B...) (for 3-D inputs, (N,)). Keys at positions >= key_lengths
         are ignored; query rows at positions >= query_lengths give zeros. This
         is the padding mask without building it.
+    window : (int, int), optional
+        Sliding window (Mistral, Gemma): query i sees key j only if
+        d(i) - left <= j <= d(i) + right, with the diagonal d(i) = i, or
+        i + Lk - Lq aligned lower-right (see ``alignment``); -1 or None for an
+        unbounded side. Whole tiles outside the band are skipped.
+    sinks : array_like, optional
+        Attention-sink logits (gpt-oss), shape (Hq,) or broadcastable to
+        (B..., Hq): each row's softmax denominator gains exp(sink); the sink
+        attends to no value, so the weights of a row sum to less than 1. A row
+        with no allowed key still gives zeros.
+    softcap : float, optional
+        Logit soft-capping (Gemma 2): scores become softcap · tanh(s / softcap),
+        s = scale · q·k, before masks and ALiBi are added. Must be > 0.
+    alibi_slopes : array_like, optional
+        ALiBi (BLOOM, MPT), shape (Hq,) or broadcastable to (B..., Hq): adds
+        -slope · |d(i) - j| to each score, computed in the kernel.
+    alignment : {"upper_left", "lower_right"}, optional
+        The diagonal d(i) of the window and ALiBi: by default that of
+        ``is_causal`` ("lower_right" for is_causal="lower_right"), else
+        upper-left; a value that contradicts ``is_causal`` raises ValueError.
     need_weights : bool
         Also return the attention weights, (B..., Hq, Lq, Lk), float32.
     return_lse : bool
@@ -249,20 +291,23 @@ def scaled_dot_product_attention(
     need_weights = check_flag(need_weights, "need_weights")
     return_lse = check_flag(return_lse, "return_lse")
     if (attn_mask is None and key_lengths is None and query_lengths is None and need_weights is False
-            and return_lse is False and layout == "bhld" and enable_gqa is False):
+            and return_lse is False and layout == "bhld" and enable_gqa is False
+            and window is None and sinks is None and softcap is None and alibi_slopes is None
+            and alignment is None):
         out_fast = _fast_path(query, key, value, dropout_p, is_causal, scale)
         if out_fast is not None:
             return out_fast
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                       layout=layout, key_lengths=key_lengths,
-                       query_lengths=query_lengths).astype(np.float32)
+                       layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
+                       window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
+                       alignment=alignment).astype(np.float32)
     out_shape = p.out_shape
     out = np.empty(p.caller_shape(out_shape), np.float32)
     weights = np.empty(p.scores_shape, np.float32) if need_weights else None
     lse = np.empty(out_shape[:-1], np.float32) if return_lse else None
     for c in _core_calls(p, p.core_view(out), weights, None if lse is None else lse[..., None]):
         _attnx.forward(c.q, c.k, c.v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
-                       p.causal, p.scale, c.lse)
+                       p.causal, p.scale, c.lse, c.variant)
     if weights is None and lse is None:
         return out
     return cast(_Result, p.results(out, weights, lse))

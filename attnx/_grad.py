@@ -17,7 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
-from ._args import (CAUSAL_ARG, F32, ArrayInput, Causal, Layout, as_array, as_float, attention_args,
+from ._args import (CAUSAL_ARG, F32, Alignment, ArrayInput, Causal, Layout, Window, as_array,
+                    as_float, attention_args,
                     check_layout, lse_like, output_like, shape_str)
 from ._functional import fold_calls, scaled_dot_product_attention
 from ._reference import reference_attention_backward
@@ -31,7 +32,9 @@ class AttentionGrads(NamedTuple):
 
     query, key, value: float32 (float64 from attnx.reference_backward). attn_mask: the gradient of a float mask,
     summed over the axes along which it was broadcast (shaped like the mask as
-    passed); None for a bool mask or no mask. sinks: None (no sinks were given).
+    passed); None for a bool mask or no mask. sinks: the gradient of the sink
+    logits, shaped like ``sinks`` as passed (summed over its broadcast axes); None
+    without sinks.
     """
 
     query: NDArray[Any]
@@ -44,13 +47,7 @@ class AttentionGrads(NamedTuple):
 def _mask_grad(dmask: NDArray[Any], mask: object) -> NDArray[Any]:
     """The full (batch..., Hq, Lq, Lk) gradient summed to the shape of the mask as
     passed (in float64: the sums cancel, a row's dS adds up to 0)."""
-    shape = np.shape(as_array(mask, "attn_mask"))
-    lead = dmask.ndim - len(shape)
-    g = dmask.sum(axis=tuple(range(lead)), dtype=np.float64) if lead else dmask
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
-    if axes:
-        g = g.sum(axis=axes, keepdims=True, dtype=np.float64)
-    return np.array(g.reshape(shape), dtype=dmask.dtype)   # a copy; 0-d stays 0-d
+    return _reduce_to(dmask, np.shape(as_array(mask, "attn_mask"))).astype(dmask.dtype)
 
 
 def scaled_dot_product_attention_backward(
@@ -59,7 +56,9 @@ def scaled_dot_product_attention_backward(
         dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
         enable_gqa: bool = False, *, layout: Layout = "bhld",
         key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None) -> AttentionGrads:
+        query_lengths: Optional[ArrayInput] = None, window: Window = None,
+        sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
+        alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None) -> AttentionGrads:
     """Gradients of :func:`attnx.scaled_dot_product_attention` from saved tensors.
 
     ``dout`` is the gradient of the loss with respect to ``out`` (the output's
@@ -76,8 +75,9 @@ def scaled_dot_product_attention_backward(
     Deterministic: the same bits on every run with a given thread count.
     """
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                       layout=layout, key_lengths=key_lengths,
-                       query_lengths=query_lengths).astype(np.float32)
+                       layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
+                       window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
+                       alignment=alignment).astype(np.float32)
     o = output_like(out, "out", p)
     do = output_like(dout, "dout", p)
     lse4 = lse_like(lse, p)
@@ -87,15 +87,43 @@ def scaled_dot_product_attention_backward(
     views = [p.core_view(g) for g in grads]
     float_mask = p.mask is not None and p.mask.dtype != np.bool_
     dmask = np.zeros(p.scores_shape, np.float32) if float_mask else None
-    for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm), (kl, ql) in fold_calls(
-            p.batch_shape, [p.q, p.k, p.v, p.mask, o, do, lse4, *views, dmask],
-            [p.key_lengths, p.query_lengths]):
+    for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm), (kl, ql, slopes, sk) in fold_calls(
+            p.batch_shape, [p.q, p.k, p.v, p.mask, o, do, lse4, *views, dmask], p.per_head()):
         assert (q is not None and k is not None and v is not None and o4 is not None
                 and do4 is not None and l4 is not None and dq is not None and dk is not None
                 and dv is not None)
-        _attnx.backward(q, k, v, o4, do4, l4, dq, dk, dv, dm, m, kl, ql, p.causal, p.scale)
+        _attnx.backward(q, k, v, o4, do4, l4, dq, dk, dv, dm, m, kl, ql, p.causal, p.scale,
+                        p.variants.core(slopes, sk))
     gm = _mask_grad(dmask, attn_mask) if dmask is not None else None
-    return AttentionGrads(grads[0], grads[1], grads[2], gm)
+    gs = None
+    if p.variants.sinks is not None:
+        gs = _sinks_grad(p.variants.sinks.reshape(p.batch_shape + p.q.shape[-3:-2]), o, do,
+                         lse4[..., 0], sinks).astype(np.float32)
+    return AttentionGrads(grads[0], grads[1], grads[2], gm, gs)
+
+
+def _sinks_grad(sinks: NDArray[Any], o: NDArray[Any], do: NDArray[Any], lse: NDArray[Any],
+                given: object) -> NDArray[np.float64]:
+    """d sink_h = -sum_i exp(sink_h - lse_i) · rowsum(dO ∘ O)_i over the rows that
+    attend (finite lse), summed to the shape of the sinks as passed.
+    sinks (batch..., Hq); o, do (batch..., Hq, Lq, Ev); lse (batch..., Hq, Lq)."""
+    d = np.einsum("...e,...e->...", do, o, dtype=np.float64)              # (batch..., Hq, Lq)
+    lse64 = lse.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p_sink = np.where(np.isfinite(lse64), np.exp(sinks[..., None] - lse64), 0.0)
+    full = -(p_sink * d).sum(axis=-1)                                      # (batch..., Hq)
+    return _reduce_to(full, np.shape(as_array(given, "sinks")))
+
+
+def _reduce_to(g: NDArray[Any], shape: Tuple[int, ...]) -> NDArray[Any]:
+    """A gradient of a broadcast argument summed to the argument's ``shape``."""
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)), dtype=np.float64)
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True, dtype=np.float64)
+    return np.array(g.reshape(shape))
 
 
 def scaled_dot_product_attention_vjp(
@@ -103,7 +131,9 @@ def scaled_dot_product_attention_vjp(
         attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None,
+        query_lengths: Optional[ArrayInput] = None, window: Window = None,
+        sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
+        alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
 ) -> Tuple[F32, Callable[[ArrayInput], AttentionGrads]]:
     """The forward's output and a function of its cotangent (JAX's ``vjp``).
 
@@ -129,7 +159,9 @@ def scaled_dot_product_attention_vjp(
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
     kw: Any = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                    enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
-                   query_lengths=query_lengths)
+                   query_lengths=query_lengths, window=window,
+                   sinks=None if sinks is None else as_array(sinks, "sinks"), softcap=softcap,
+                   alibi_slopes=alibi_slopes, alignment=alignment)
     out, lse = scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
 
     def vjp(dout: ArrayInput) -> AttentionGrads:

@@ -29,7 +29,7 @@ typedef enum {
     ATTNX_OK = 0,
     ATTNX_ERR_NULL,     /* a required pointer is NULL */
     ATTNX_ERR_SHAPE,    /* a negative size, or Hq not a multiple of Hk */
-    ATTNX_ERR_ARG,      /* an enum out of range, or a scale that is not finite */
+    ATTNX_ERR_ARG,      /* an enum out of range, a scale or softcap not finite */
     ATTNX_ERR_LENGTH,   /* a key or query length outside [0, L] */
     ATTNX_ERR_OVERFLOW, /* a size whose byte count does not fit in size_t */
     ATTNX_ERR_NOMEM,    /* scratch memory could not be allocated */
@@ -74,6 +74,33 @@ typedef struct {
     int64_t sb, sh;
 } attnx_lengths;
 
+/* A float per head (B, Hq): element (b, h) at data[b*sb + h*sh]; data NULL =
+ * not given (ALiBi slopes, sink logits). */
+typedef struct {
+    const float *data;
+    int64_t sb, sh;
+} attnx_head_values;
+
+/* A band around each query's diagonal d(i) (i, or i + Lk - Lq when aligned
+ * lower-right): key j is allowed only if d(i) - left <= j <= d(i) + right.
+ * on = 0: no band; a negative left or right: that side is unbounded. */
+typedef struct {
+    int on;
+    int64_t left, right;
+} attnx_window;
+
+/* Where the diagonal d(i) of the band and of ALiBi lies when causal is
+ * ATTNX_CAUSAL_NONE (with a causal mode, the mode's alignment is used). */
+typedef enum { ATTNX_ALIGN_UPPER_LEFT = 0, ATTNX_ALIGN_LOWER_RIGHT } attnx_align;
+
+/* The scores, in this order (zero-initialised members are plain attention):
+ *   s = scale · q·k
+ *   softcap > 0:  s = softcap · tanh(s / softcap)
+ *   alibi:        s -= slope[b, h] · |d(i) - j|
+ *   causal, window, lengths, a bool mask: disallowed keys get -inf;
+ *   a float mask is added
+ *   sinks:        the softmax's denominator gains exp(sink[b, h]); a row with no
+ *                 allowed key still gives zeros (and lse -inf). */
 typedef struct {
     int64_t B, Hq, Hk, Lq, Lk, D, Dv;
     attnx_tensor q, k, v;        /* (B, Hq, Lq, D), (B, Hk, Lk, D), (B, Hk, Lk, Dv) */
@@ -85,7 +112,12 @@ typedef struct {
     attnx_lengths key_lengths;   /* keys [0, key_lengths[b, h]) are attended */
     attnx_lengths query_lengths; /* query rows past query_lengths[b, h] give zeros */
     float scale;
-    int num_threads; /* <= 0: attnx_get_num_threads() */
+    int num_threads;         /* <= 0: attnx_get_num_threads() */
+    attnx_window window;     /* a sliding window (Mistral, Gemma) */
+    int align;               /* attnx_align, for the window and ALiBi without causal */
+    float softcap;           /* > 0: logit soft-capping (Gemma 2); 0: none */
+    attnx_head_values alibi; /* (B, Hq) ALiBi slopes (BLOOM, MPT), or data NULL */
+    attnx_head_values sinks; /* (B, Hq) attention-sink logits (gpt-oss), or data NULL */
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only
@@ -108,6 +140,8 @@ attnx_status attnx_check_problem(const attnx_problem *p, const char **field);
  *   dq     (B, Hq, Lq, D)   dk (B, Hk, Lk, D)   dv (B, Hk, Lk, Dv): written whole
  *   dmask  (B, Hq, Lq, Lk) C-contiguous, or NULL: d(scores) of the allowed
  *          entries added in; the caller zeroes it (entries never visited stay 0)
+ * The gradient of the sinks, -sum_i exp(sink - lse_i) · rowsum(dout ∘ o)_i,
+ * needs no pass over the keys: the caller computes it from o, dout and lse.
  * Deterministic: the same bits on every run with the same thread count. */
 typedef struct {
     attnx_problem f;

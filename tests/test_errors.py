@@ -262,9 +262,10 @@ def test_forward_causal_overflow():
         call_forward(fw_args(causal=2**40))
 
 
-@pytest.mark.parametrize("nargs", [0, 9, 12])
+@pytest.mark.parametrize("nargs", [0, 9, 13])
 def test_forward_wrong_argument_count(nargs):
-    args = [fw_args()[n] for n in ORDER] + [None, None]   # the 11th, lse, is optional
+    # the 11th and 12th, lse and variant, are optional
+    args = [fw_args()[n] for n in ORDER] + [None, None, None]
     with pytest.raises(TypeError):
         _attnx.forward(*args[:nargs])
 

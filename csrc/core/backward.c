@@ -3,9 +3,11 @@
  * upstream gradient dO, tile by tile (the Lq×Lk matrix is never built):
  *
  *   P  = exp(S − lse)        S = scale·Q Kᵀ + masks, recomputed as the forward does
+ *                            (lse includes the sink, which needs nothing more here)
  *   dV += Pᵀ dO              dP = dO Vᵀ          D = rowsum(dO ∘ O)
  *   dS = P ∘ (dP − D)        (exactly 0 where P is 0)
  *   dQ += scale · dS K       dK += scale · dSᵀ Q        d(mask) = dS
+ *   (with a softcap, dS is multiplied by 1 − (S_capped / softcap)² before dQ, dK)
  *
  * Items are (batch, key/value head, range of keys). An item owns the dK and
  * dV rows of its keys (the query heads of a GQA group are added in a fixed
@@ -49,20 +51,22 @@ static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t
     const float *k = at_in(&p->k, b, hk, j0), *v = at_in(&p->v, b, hk, j0);
     const float *q = at_in(&p->q, b, h, i0), *dout = at_in(&g->dout, b, h, i0);
 
-    attnx_score_tile(&bj->run, s->qt, 0, b, h, i0, nq, j0, nk, s->st);         /* S */
-    kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones);                     /* P */
-    kt->qk(s->dot, BQ, nq, v, p->v.sl, nk, p->Dv, s->dpt);                     /* dP */
-    kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv, at(&g->dv, b, hk, j0), /* dV += Pᵀ dO */
+    attnx_score_tile(&bj->run, s->qt, 0, b, h, i0, nq, j0, nk, s->st, s->capped); /* S */
+    kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones);                        /* P */
+    kt->qk(s->dot, BQ, nq, v, p->v.sl, nk, p->Dv, s->dpt);                        /* dP */
+    kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv, at(&g->dv, b, hk, j0),    /* dV += Pᵀ dO */
             g->dv.sl);
-    kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec);                 /* dS */
-    kt->ptx(s->dpt, BQ, nq, q, p->q.sl, nk, p->D, at(&g->dk, b, hk, j0), /* dK += dSᵀ Q */
-            g->dk.sl);
-    kt->pv(s->dpt, BQ, nq, k, p->k.sl, nk, p->D, NULL, s->dqacc, bj->plan.ldqa); /* dQ += dS K */
+    kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec); /* dS */
     if (g->dmask) {
         float *dm = g->dmask + ((b * p->Hq + h) * p->Lq + i0) * p->Lk + j0;
         for (int i = 0; i < nq; i++)
             for (int j = 0; j < nk; j++) dm[i * p->Lk + j] = s->dpt[j * BQ + i];
     }
+    if (p->softcap > 0.0f) /* dS through the tanh: × (1 - (capped / softcap)²) */
+        kt->softcap_bwd(s->dpt, s->capped, BQ, nq, nk, 1.0f / p->softcap);
+    kt->ptx(s->dpt, BQ, nq, q, p->q.sl, nk, p->D, at(&g->dk, b, hk, j0), /* dK += dSᵀ Q */
+            g->dk.sl);
+    kt->pv(s->dpt, BQ, nq, k, p->k.sl, nk, p->D, NULL, s->dqacc, bj->plan.ldqa); /* dQ += dS K */
 }
 
 /* A block's queries packed, its upstream gradient packed, its lse and
@@ -96,11 +100,12 @@ static void bwd_block(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_
     const head_bounds hb = bounds_of(p, b, h);
     const int rows = (int)min64(BQ, p->Lq - i0);
     const int nq = rows_attending(&hb, i0, rows);
-    const int64_t kend = min64(kstop, keys_end(p, &hb, i0, nq));
+    const int64_t kend = min64(kstop, keys_end(&hb, i0, nq));
+    const int64_t kfrom = max64(kbeg, keys_begin(&hb, i0));
     for (int i = 0; i < rows; i++) memset(dq + i * dq_sl, 0, sizeof(float) * (size_t)p->D);
-    if (nq == 0 || kbeg >= kend) return;
+    if (nq == 0 || kfrom >= kend) return;
     bwd_start_block(bj, s, b, h, i0, nq);
-    for (int64_t j0 = kbeg; j0 < kend; j0 += BK)
+    for (int64_t j0 = kfrom; j0 < kend; j0 += BK)
         bwd_tile(bj, s, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
     for (int i = 0; i < nq; i++)
         for (int64_t e = 0; e < p->D; e++)

@@ -49,13 +49,17 @@ static inline int mul_ok(size_t a, size_t b, size_t *r)
 }
 
 /* ---- what a head attends ---------------------------------------------------
- * Query rows [0, qlen) and keys [0, klen) of head (b, h), and the causal
- * offset (query i sees keys j <= i + offset). The lengths are clamped to
- * [0, L] where they are read: the caller may let another thread write them
- * while the core runs (Python releases the GIL), which may change the numbers
- * but never reaches outside the arrays. */
+ * Query rows [0, qlen) and keys [0, klen) of head (b, h), and the band of
+ * keys each query sees: query i sees keys j in [i + lo, i + hi] (causal and
+ * the window; ATTNX_FAR on an unbounded side), with offset = d(i) - i, the
+ * diagonal's shift (0, or Lk - Lq aligned lower-right). The lengths are
+ * clamped to [0, L] where they are read: the caller may let another thread
+ * write them while the core runs (Python releases the GIL), which may change
+ * the numbers but never reaches outside the arrays. */
+#define ATTNX_FAR ((int64_t)1 << 60)
+
 typedef struct {
-    int64_t qlen, klen, offset;
+    int64_t qlen, klen, offset, lo, hi;
 } head_bounds;
 
 static inline int64_t length_of(const attnx_lengths *len, int64_t b, int64_t h, int64_t whole)
@@ -63,9 +67,18 @@ static inline int64_t length_of(const attnx_lengths *len, int64_t b, int64_t h, 
     return len->data ? clamp64(len->data[b * len->sb + h * len->sh], 0, whole) : whole;
 }
 
-static inline int64_t causal_offset(const attnx_problem *p)
+/* d(i) - i: the diagonal of causal, the window and ALiBi */
+static inline int64_t diagonal_offset(const attnx_problem *p)
 {
-    return p->causal == ATTNX_CAUSAL_LOWER_RIGHT ? p->Lk - p->Lq : 0;
+    const int lower_right = p->causal == ATTNX_CAUSAL_NONE ? p->align == ATTNX_ALIGN_LOWER_RIGHT
+                                                           : p->causal == ATTNX_CAUSAL_LOWER_RIGHT;
+    return lower_right ? p->Lk - p->Lq : 0;
+}
+
+/* A side of the window as a distance from the diagonal: FAR when unbounded. */
+static inline int64_t window_side(int on, int64_t w)
+{
+    return on && w >= 0 ? min64(w, ATTNX_FAR) : ATTNX_FAR;
 }
 
 static inline head_bounds bounds_of(const attnx_problem *p, int64_t b, int64_t h)
@@ -73,16 +86,23 @@ static inline head_bounds bounds_of(const attnx_problem *p, int64_t b, int64_t h
     head_bounds hb;
     hb.qlen = length_of(&p->query_lengths, b, h, p->Lq);
     hb.klen = length_of(&p->key_lengths, b, h, p->Lk);
-    hb.offset = causal_offset(p);
+    hb.offset = diagonal_offset(p);
+    const int64_t right = window_side(p->window.on, p->window.right);
+    hb.lo = hb.offset - window_side(p->window.on, p->window.left);
+    hb.hi = hb.offset + (p->causal != ATTNX_CAUSAL_NONE ? 0 : right);
     return hb;
 }
 
-/* Keys [0, kend) that queries [i0, i0 + nq) of a head may see. */
-static inline int64_t keys_end(const attnx_problem *p, const head_bounds *hb, int64_t i0,
-                               int64_t nq)
+/* Keys [keys_begin, keys_end) hold every key that queries [i0, i0 + nq) of
+ * a head may see (nq > 0). */
+static inline int64_t keys_begin(const head_bounds *hb, int64_t i0)
 {
-    if (p->causal == ATTNX_CAUSAL_NONE) return hb->klen;
-    return min64(hb->klen, max64(0, i0 + nq + hb->offset));
+    return clamp64(i0 + hb->lo, 0, hb->klen);
+}
+
+static inline int64_t keys_end(const head_bounds *hb, int64_t i0, int64_t nq)
+{
+    return nq <= 0 ? 0 : clamp64(i0 + nq + hb->hi, 0, hb->klen);
 }
 
 /* The key/value head that query head h reads (grouped-query attention). */
@@ -143,16 +163,18 @@ typedef struct {
 } fwd_scratch;
 
 /* A backward block's working set, per thread:
- *   qt (D, BQ) | dot (Dv, BQ) | st, dpt (BK, BQ) | dqacc (BQ, ldqa) | lse, dvec, ones (BQ) */
+ *   qt (D, BQ) | dot (Dv, BQ) | st, dpt, capped (BK, BQ) | dqacc (BQ, ldqa) | lse, dvec, ones (BQ)
+ */
 typedef struct {
-    float *qt;    /* (D, BQ)   queries, pre-scaled, transposed */
-    float *dot;   /* (Dv, BQ)  upstream gradient rows, transposed */
-    float *st;    /* (BK, BQ)  scores, then P */
-    float *dpt;   /* (BK, BQ)  dP, then dS */
-    float *dqacc; /* (BQ, ldqa) */
-    float *lse;   /* (BQ) the block's lse; +inf in padding lanes (P = 0 there) */
-    float *dvec;  /* (BQ) D = rowsum(dO ∘ O) */
-    float *ones;  /* (BQ) */
+    float *qt;     /* (D, BQ)   queries, pre-scaled, transposed */
+    float *dot;    /* (Dv, BQ)  upstream gradient rows, transposed */
+    float *st;     /* (BK, BQ)  scores, then P */
+    float *dpt;    /* (BK, BQ)  dP, then dS */
+    float *capped; /* (BK, BQ)  the scores right after the softcap */
+    float *dqacc;  /* (BQ, ldqa) */
+    float *lse;    /* (BQ) the block's lse; +inf in padding lanes (P = 0 there) */
+    float *dvec;   /* (BQ) D = rowsum(dO ∘ O) */
+    float *ones;   /* (BQ) */
 } bwd_scratch;
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_t *floats);
@@ -177,11 +199,17 @@ void attnx_pack_rows_t(const attnx_kernels *kt, const float *x, int64_t x_sl, in
                        float scale, float *xt);
 
 /* Scores of one tile, masked: st (nk, BQ) = scale · Q[i0 ..] · K[j0 ..]ᵀ, then
- * causal and mask, for queries i0 .. i0+nq-1 of head (b, h) and keys
- * j0 .. j0+nk-1. qt holds the queries packed by attnx_pack_rows_t, or as rows
- * (nq, D) when rows is set (kt->qk_dot, for few queries). */
+ * softcap, ALiBi, causal and window, and the mask, for queries i0 .. i0+nq-1
+ * of head (b, h) and keys j0 .. j0+nk-1. qt holds the queries packed by
+ * attnx_pack_rows_t, or as rows (nq, D) when rows is set (kt->qk_dot, for
+ * few queries). capped (nk, BQ), when not NULL and the problem has a
+ * softcap: the scores right after the softcap (for its backward). */
 void attnx_score_tile(const attnx_run *r, const float *qt, int rows, int64_t b, int64_t h,
-                      int64_t i0, int nq, int64_t j0, int nk, float *st);
+                      int64_t i0, int nq, int64_t j0, int nk, float *st, float *capped);
+
+/* The score of query i against key j of head (b, h), every step of
+ * attnx_score_tile applied, in scalar code (-inf where it is not allowed). */
+float attnx_score_one(const attnx_run *r, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* ---- the forward's items (items.c, output.c) ---------------------------------- */
 typedef struct {
@@ -192,9 +220,9 @@ typedef struct {
 } fwd_job;
 
 /* One item's place in the problem: queries i0 .. i0+rows-1 of head (b, h),
- * of which the first nq attend, to keys [0, kend) of key/value head hk. */
+ * of which the first nq attend, to keys [kbeg, kend) of key/value head hk. */
 typedef struct {
-    int64_t b, h, hk, i0, kend, offset;
+    int64_t b, h, hk, i0, kbeg, kend;
     int rows, nq;
     float *out;         /* (rows, Dv) rows out.sl apart */
     float *w;           /* (rows, Lk) C-contiguous, or NULL */
@@ -211,6 +239,10 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
 
 /* need_weights: the exact probabilities into it->w, and the output rows. */
 void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it);
+
+/* The head's sink logit, if the problem has sinks, joined to each row's m, l
+ * and accumulator (before attnx_write_rows, or before the weights' pass 2). */
+void attnx_fold_sinks(const fwd_job *jb, const fwd_scratch *s, const item_view *it);
 
 /* Output rows i0 .. i0+nq-1 of head (b, h) from the accumulator in s (and
  * their lse): acc / l when normalise is set, else acc as it is. */

@@ -26,11 +26,12 @@ static void run_item(void *arg, int tid, int64_t item)
         if (it.w)
             attnx_weights_item(jb, s, &it);
         else
-            attnx_online_item(jb, s, &it, 0, it.kend, NULL);
+            attnx_online_item(jb, s, &it, it.kbeg, it.kend, NULL);
         return;
     }
     /* split-K: this item's range of keys, and where its partial result goes */
-    const int64_t kbeg = split * jb->plan.kchunk, kstop = min64(it.kend, kbeg + jb->plan.kchunk);
+    const int64_t kbeg = max64(it.kbeg, split * jb->plan.kchunk);
+    const int64_t kstop = min64(it.kend, (split + 1) * jb->plan.kchunk);
     float *part = jb->partial + item * (2 * BQ + BQ * jb->plan.ldacc);
     for (int i = 0; i < BQ; i++) {
         part[i] = -INFINITY;

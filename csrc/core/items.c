@@ -27,8 +27,8 @@ item_view attnx_view_item(const fwd_job *jb, int64_t block)
     it.rows = (int)min64(BQ, p->Lq - it.i0);
     const head_bounds hb = bounds_of(p, it.b, it.h);
     it.nq = rows_attending(&hb, it.i0, it.rows);
-    it.offset = hb.offset;
-    it.kend = keys_end(p, &hb, it.i0, it.nq);
+    it.kend = keys_end(&hb, it.i0, it.nq);
+    it.kbeg = min64(keys_begin(&hb, it.i0), it.kend);
     it.out = p->out.data + it.b * p->out.sb + it.h * p->out.sh + it.i0 * p->out.sl;
     it.w = p->weights ? p->weights + ((it.b * p->Hq + it.h) * p->Lq + it.i0) * p->Lk : NULL;
     it.k = p->k.data + it.b * p->k.sb + it.hk * p->k.sh;
@@ -36,14 +36,15 @@ item_view attnx_view_item(const fwd_job *jb, int64_t block)
     return it;
 }
 
-/* Zero what no tile writes: weights of keys past kend and of rows past nq;
- * output rows past nq (their lse is -inf). */
+/* Zero what no tile writes: weights of keys outside [kbeg, kend) and of rows
+ * past nq; output rows past nq (their lse is -inf). */
 void attnx_clear_unvisited(const fwd_job *jb, const item_view *it)
 {
     const attnx_problem *p = jb->run.p;
     if (it->w)
         for (int i = 0; i < it->rows; i++) {
-            const int64_t from = i < it->nq ? it->kend : 0;
+            const int64_t from = i < it->nq ? it->kend : 0, upto = i < it->nq ? it->kbeg : 0;
+            memset(it->w + i * p->Lk, 0, sizeof(float) * (size_t)upto);
             memset(it->w + i * p->Lk + from, 0, sizeof(float) * (size_t)(p->Lk - from));
         }
     for (int i = it->nq; i < it->rows; i++) {
@@ -84,7 +85,7 @@ static void start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view 
 static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0, int nk)
 {
     attnx_score_tile(&jb->run, s->qt, rows_layout(jb, it->nq), it->b, it->h, it->i0, it->nq, j0, nk,
-                     s->st);
+                     s->st, NULL);
 }
 
 void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
@@ -102,6 +103,7 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
                jb->plan.ldacc);
     }
     if (!part) {
+        attnx_fold_sinks(jb, s, it);
         attnx_write_rows(jb, s, it, 1);
         return;
     }
@@ -114,11 +116,12 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
 static void weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
     start_rows(jb, s, it);
-    for (int64_t j0 = 0; j0 < it->kend; j0 += BK) {
+    for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
         scores(jb, s, it, j0, nk);
         jb->run.kt->softmax_online(s->st, BQ, it->nq, nk, s->m, s->l, s->alpha);
     }
+    attnx_fold_sinks(jb, s, it);
     for (int i = 0; i < BQ; i++) /* a NaN sum gives a NaN inverse: it propagates */
         s->alpha[i] = (i < it->nq && s->l[i] != 0.0f) ? 1.0f / s->l[i] : 0.0f;
 }
@@ -131,7 +134,7 @@ void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view
     const attnx_kernels *kt = jb->run.kt;
     const int nq = it->nq;
     weights_stats(jb, s, it);
-    for (int64_t j0 = 0; j0 < it->kend; j0 += BK) {
+    for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
         scores(jb, s, it, j0, nk);
         kt->softmax_final(s->st, BQ, nq, nk, s->m, s->alpha);

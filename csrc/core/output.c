@@ -30,21 +30,33 @@ static int row_finite(const float *o, int64_t n)
     return !bad;
 }
 
-/* The score of query row i (pre-scaled q) against key j of head (b, h), with
- * the float mask added; -inf where a bool mask blocks it. */
-static float exact_score(const attnx_run *r, int64_t b, int64_t h, int64_t i, int64_t j)
+/* A sink logit joins a row's softmax: with its max m, sum l and unnormalised
+ * output acc (n floats), m' = max(m, sink), a = exp(m - m'):
+ *   l = l·a + exp(sink - m'),  acc = acc·a,  m = m'.
+ * A row with nothing allowed (l = 0) keeps its zeros. */
+static void fold_sink(float sink, float *m, float *l, float *acc, int64_t n)
 {
-    const attnx_problem *p = r->p;
-    const attnx_mask *m = &p->mask;
-    const int64_t mo = b * m->sb + h * m->sh + i * m->sq + j * m->sk;
-    if (m->kind == ATTNX_MASK_BOOL && !((const unsigned char *)m->data)[mo]) return -INFINITY;
-    const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
-    const float *k = p->k.data + b * p->k.sb + kv_head(p, h) * p->k.sh + j * p->k.sl;
-    float s = 0.0f;
-    for (int64_t d = 0; d < p->D; d++) s += r->pre_scale * q[d] * k[d];
-    s *= r->post_scale;
-    if (m->kind == ATTNX_MASK_FLOAT) s += ((const float *)m->data)[mo];
-    return s;
+    if (*l == 0.0f) return;
+    const float mn = sink > *m ? sink : *m;
+    const float a = attnx_expf(*m - mn);
+    *l = *l * a + attnx_expf(sink - mn);
+    *m = mn;
+    if (a != 1.0f)
+        for (int64_t d = 0; d < n; d++) acc[d] *= a;
+}
+
+static float sink_of(const attnx_problem *p, int64_t b, int64_t h)
+{
+    return p->sinks.data[b * p->sinks.sb + h * p->sinks.sh];
+}
+
+void attnx_fold_sinks(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+{
+    const attnx_problem *p = jb->run.p;
+    if (!p->sinks.data) return;
+    const float sink = sink_of(p, it->b, it->h);
+    for (int i = 0; i < it->nq; i++)
+        fold_sink(sink, &s->m[i], &s->l[i], s->acc + i * jb->plan.ldacc, p->Dv);
 }
 
 /* An output row that came out inf or NaN although its softmax sum l is finite
@@ -59,11 +71,11 @@ static void repair_row(const attnx_run *r, int64_t b, int64_t h, int64_t i, floa
     const attnx_problem *p = r->p;
     if (!(l > 0.0f && l < INFINITY) || row_finite(o, p->Dv)) return;
     const head_bounds hb = bounds_of(p, b, h);
-    const int64_t kend = keys_end(p, &hb, i, 1);
+    const int64_t kend = keys_end(&hb, i, 1);
     const float msub = m == -INFINITY ? 0.0f : m, inv = 1.0f / l;
     for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
-    for (int64_t j = 0; j < kend; j++) {
-        const float s = exact_score(r, b, h, i, j);
+    for (int64_t j = keys_begin(&hb, i); j < kend; j++) {
+        const float s = attnx_score_one(r, b, h, i, j);
         if (s == -INFINITY) continue;
         const float w = attnx_expf(s - msub) * inv;
         if (w == 0.0f) continue;
@@ -116,6 +128,7 @@ static void merge_row(const fwd_job *jb, const float *first, int64_t stride, int
         if (part[BQ + i] != 0.0f || part[BQ + i] != part[BQ + i])
             for (int64_t d = 0; d < p->Dv; d++) o[d] += f * acc[d];
     }
+    if (p->sinks.data) fold_sink(sink_of(p, b, h), &M, &l, o, p->Dv);
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     for (int64_t d = 0; d < p->Dv; d++) o[d] *= inv;
     attnx_write_lse(p, b, h, i0 + i, row_lse(M, l));

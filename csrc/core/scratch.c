@@ -81,7 +81,7 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
 
 attnx_status attnx_bwd_scratch_size(const attnx_problem *p, int64_t ldqa, size_t *floats)
 {
-    return mul_ok((size_t)p->D + (size_t)p->Dv + 2 * BK + (size_t)ldqa + 4, BQ, floats)
+    return mul_ok((size_t)p->D + (size_t)p->Dv + 3 * BK + (size_t)ldqa + 3, BQ, floats)
                ? ATTNX_OK
                : ATTNX_ERR_OVERFLOW;
 }
@@ -93,7 +93,8 @@ bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
     s.dot = s.qt + (size_t)p->D * BQ;
     s.st = s.dot + (size_t)p->Dv * BQ;
     s.dpt = s.st + (size_t)BK * BQ;
-    s.dqacc = s.dpt + (size_t)BK * BQ;
+    s.capped = s.dpt + (size_t)BK * BQ;
+    s.dqacc = s.capped + (size_t)BK * BQ;
     s.lse = s.dqacc + (size_t)ldqa * BQ;
     s.dvec = s.lse + BQ;
     s.ones = s.dvec + BQ;

@@ -1,8 +1,9 @@
 /* One tile of scores, as both passes compute it: the queries packed once per
- * block, then per tile of BK keys the products, the scale, the causal
- * blocking and the mask. A change of the scores (a softcap, a per-head bias)
- * is one more step of attnx_score_tile. */
+ * block, then per tile of BK keys the products, the scale, the softcap,
+ * ALiBi, the band (causal and window) and the mask. A new change of the
+ * scores is one more step of shape_scores. */
 #include <math.h>
+#include <string.h>
 
 #include "core/core.h"
 
@@ -21,15 +22,37 @@ void attnx_pack_rows_t(const attnx_kernels *kt, const float *x, int64_t x_sl, in
     kernels_for_stride(kt, x_sl)->pack_qt(x, x_sl, nq, n, scale, xt, BQ);
 }
 
-/* Causal: row i sees keys up to i0 + i + offset; the rest of the tile is -inf.
- * Only tiles that cross the diagonal have anything to block. */
-static void causal_tile(const attnx_problem *p, int64_t i0, int nq, int64_t j0, int nk, float *st)
+/* Causal and the window: row i sees keys [i0 + i + lo, i0 + i + hi] (the
+ * head's band); the rest of the tile is -inf. Only tiles that cross an edge
+ * of the band have anything to block. */
+static void band_tile(const head_bounds *hb, int64_t i0, int nq, int64_t j0, int nk, float *st)
 {
-    const int64_t offset = causal_offset(p);
-    if (p->causal == ATTNX_CAUSAL_NONE || j0 + nk - 1 <= i0 + offset) return;
-    for (int i = 0; i < nq; i++)
-        for (int64_t j = max64(0, i0 + i + offset + 1 - j0); j < nk; j++)
-            st[j * BQ + i] = -INFINITY;
+    if (j0 >= i0 + nq - 1 + hb->lo && j0 + nk - 1 <= i0 + hb->hi) return;
+    for (int i = 0; i < nq; i++) {
+        const int64_t from = clamp64(i0 + i + hb->lo - j0, 0, nk);
+        const int64_t to = clamp64(i0 + i + hb->hi + 1 - j0, from, nk);
+        for (int64_t j = 0; j < from; j++) st[j * BQ + i] = -INFINITY;
+        for (int64_t j = to; j < nk; j++) st[j * BQ + i] = -INFINITY;
+    }
+}
+
+/* The score steps between the products and the masks: the scale when it is
+ * applied late, the softcap (its result copied to capped, if not NULL, for
+ * the backward), ALiBi. */
+static void shape_scores(const attnx_run *r, const head_bounds *hb, int64_t b, int64_t h,
+                         int64_t i0, int nq, int64_t j0, int nk, float *st, float *capped)
+{
+    const attnx_problem *p = r->p;
+    if (r->post_scale != 1.0f)
+        for (int j = 0; j < nk; j++)
+            for (int i = 0; i < nq; i++) st[j * BQ + i] *= r->post_scale;
+    if (p->softcap > 0.0f) {
+        r->kt->softcap(st, BQ, nq, nk, p->softcap, 1.0f / p->softcap);
+        if (capped) memcpy(capped, st, sizeof(float) * BQ * (size_t)nk);
+    }
+    if (p->alibi.data)
+        r->kt->alibi(st, BQ, nq, nk, p->alibi.data[b * p->alibi.sb + h * p->alibi.sh],
+                     i0 + hb->offset - j0);
 }
 
 static void mask_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0,
@@ -46,17 +69,35 @@ static void mask_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int 
 }
 
 void attnx_score_tile(const attnx_run *r, const float *qt, int rows, int64_t b, int64_t h,
-                      int64_t i0, int nq, int64_t j0, int nk, float *st)
+                      int64_t i0, int nq, int64_t j0, int nk, float *st, float *capped)
 {
     const attnx_problem *p = r->p;
+    const head_bounds hb = bounds_of(p, b, h);
     const float *k = p->k.data + b * p->k.sb + kv_head(p, h) * p->k.sh + j0 * p->k.sl;
     if (rows)
         r->kt->qk_dot(qt, p->D, nq, k, p->k.sl, nk, st, BQ);
     else
         r->kt->qk(qt, BQ, nq, k, p->k.sl, nk, p->D, st);
-    if (r->post_scale != 1.0f)
-        for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++) st[j * BQ + i] *= r->post_scale;
-    causal_tile(p, i0, nq, j0, nk, st);
+    shape_scores(r, &hb, b, h, i0, nq, j0, nk, st, capped);
+    band_tile(&hb, i0, nq, j0, nk, st);
     mask_tile(r, b, h, i0, nq, j0, nk, st);
+}
+
+float attnx_score_one(const attnx_run *r, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    const attnx_problem *p = r->p;
+    const head_bounds hb = bounds_of(p, b, h);
+    if (j < i + hb.lo || j > i + hb.hi || j >= hb.klen) return -INFINITY;
+    const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
+    const float *k = p->k.data + b * p->k.sb + kv_head(p, h) * p->k.sh + j * p->k.sl;
+    float s = 0.0f;
+    for (int64_t d = 0; d < p->D; d++) s += r->pre_scale * q[d] * k[d];
+    /* the steps of a tile, on a tile of one score with the scalar kernels */
+    const attnx_run one = {.p = p, .kt = &attnx_kernels_scalar, .post_scale = r->post_scale};
+    shape_scores(&one, &hb, b, h, i, 1, j, 1, &s, NULL);
+    const attnx_mask *m = &p->mask;
+    const int64_t at = b * m->sb + h * m->sh + i * m->sq + j * m->sk;
+    if (m->kind == ATTNX_MASK_BOOL && !((const unsigned char *)m->data)[at]) return -INFINITY;
+    if (m->kind == ATTNX_MASK_FLOAT) s += ((const float *)m->data)[at];
+    return s;
 }

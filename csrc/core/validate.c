@@ -30,6 +30,10 @@ static attnx_status check_options(const attnx_problem *p, const char **field)
     if (p->causal < ATTNX_CAUSAL_NONE || p->causal > ATTNX_CAUSAL_LOWER_RIGHT)
         return refuse(field, "causal", ATTNX_ERR_ARG);
     if (!isfinite(p->scale)) return refuse(field, "scale", ATTNX_ERR_ARG);
+    if (p->align < ATTNX_ALIGN_UPPER_LEFT || p->align > ATTNX_ALIGN_LOWER_RIGHT)
+        return refuse(field, "align", ATTNX_ERR_ARG);
+    if (!(p->softcap >= 0.0f && p->softcap < INFINITY)) /* 0: none; NaN fails too */
+        return refuse(field, "softcap", ATTNX_ERR_ARG);
     return ATTNX_OK;
 }
 

@@ -33,6 +33,8 @@
 #define V_SUB(a, b) _mm256_sub_ps(a, b)
 #define V_MAX(x, m) _mm256_max_ps(x, m) /* (x > m) ? x : m: a NaN x leaves m */
 #define V_SEL_EQ(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_EQ_OQ))
+#define V_SEL_LT(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
+#define V_DIV(a, b) _mm256_div_ps(a, b)
 #define V_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n)        \
     _mm256_castsi256_ps( \

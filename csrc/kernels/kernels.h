@@ -105,6 +105,23 @@ typedef struct attnx_kernels {
      *   dpt[j][i] = pt[j][i] == 0 ? 0 : pt[j][i] * (dpt[j][i] - d[i])
      * pt, dpt: (nk, ldq)  d: (ldq); i < nq rounded up to a vector */
     void (*softmax_bwd)(const float *pt, float *dpt, int64_t ldq, int nq, int nk, const float *d);
+
+    /* Logit soft-capping, in place, i < nq rounded up to a vector:
+     *   st[j][i] = cap · tanh(st[j][i] · inv_cap)        (inv_cap = 1 / cap)
+     * with tanh as attnx_tanhf below. st: (nk, ldq) */
+    void (*softcap)(float *st, int64_t ldq, int nq, int nk, float cap, float inv_cap);
+
+    /* Backward through the softcap: dst[j][i] *= 1 - t², t = capped[j][i] · inv_cap
+     * (capped: the scores right after softcap, forward's output of the kernel)
+     * dst, capped: (nk, ldq) */
+    void (*softcap_bwd)(float *dst, const float *capped, int64_t ldq, int nq, int nk,
+                        float inv_cap);
+
+    /* ALiBi: st[j][i] -= slope · |c + i - j|, the distance of key j0 + j from
+     * the diagonal d(i0 + i) when c = d(i0) - j0; the distance is converted to
+     * float (exact below 2^24) and the product and difference rounded apart,
+     * so every ISA gives the same bits. st: (nk, ldq) */
+    void (*alibi)(float *st, int64_t ldq, int nq, int nk, float slope, int64_t c);
 } attnx_kernels;
 
 /* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the
@@ -177,6 +194,34 @@ static inline float attnx_expf(float x)
     float two_n;
     memcpy(&two_n, &bits, sizeof two_n);
     return y * two_n;
+}
+
+/* tanh(x) for float, the steps every softcap kernel takes: for |x| < 0.625
+ * Cephes' tanhf polynomial, x + x·z·P(z) with z = x²; else
+ * sign(x) · (1 - e) / (1 + e) with e = attnx_expf(-2|x|) (|x| > 43.7 gives
+ * ±1 exactly). NaN gives NaN. */
+#define ATTNX_TANH_SMALL 0.625f
+#define ATTNX_TANH_P0 (-5.70498872745e-3f)
+#define ATTNX_TANH_P1 2.06390887954e-2f
+#define ATTNX_TANH_P2 (-5.37397155531e-2f)
+#define ATTNX_TANH_P3 1.33314422036e-1f
+#define ATTNX_TANH_P4 (-3.33332819422e-1f)
+
+static inline float attnx_tanhf(float x)
+{
+    const float a = x < 0.0f ? -x : x;
+    if (a < ATTNX_TANH_SMALL) {
+        const float z = x * x;
+        float y = ATTNX_TANH_P0;
+        y = y * z + ATTNX_TANH_P1;
+        y = y * z + ATTNX_TANH_P2;
+        y = y * z + ATTNX_TANH_P3;
+        y = y * z + ATTNX_TANH_P4;
+        return y * z * x + x;
+    }
+    const float e = attnx_expf(-2.0f * a);
+    const float r = (1.0f - e) / (1.0f + e);
+    return x < 0.0f ? -r : r;
 }
 
 #endif

@@ -12,7 +12,8 @@
  *   V_FMA(a,b,c) = a*b+c, V_MUL, V_ADD, V_SUB
  *   V_MAX(x, m)  max that returns m when x is NaN
  *   V_MASK(n) V_LOAD_M(p,mk) V_STORE_M(p,mk,x)   first n lanes
- *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f
+ *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f;  V_SEL_LT(a,b,t,f)  (a < b) ? t : f
+ *   V_DIV(a,b)
  *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
  *   optional: V_SCALE_ZERO_BELOW(y, n, x, lo)  V_ZERO_BELOW(y * 2^n, x, lo), when
  *             the ISA has a fused form
@@ -402,6 +403,64 @@ static void SUFFIX(softmax_bwd)(const float *pt, float *dpt, int64_t ldq, int nq
     }
 }
 
+/* ---- softcap and ALiBi: the steps of attnx_tanhf and alibi_scalar ---------- */
+ATTNX_INLINE VF v_abs(VF x) { return V_MAX(V_SUB(V_ZERO(), x), x); } /* NaN stays NaN */
+
+ATTNX_INLINE VF v_tanh(VF x)
+{
+    const VF a = v_abs(x), z = V_MUL(x, x);
+    VF y = V_SET1(ATTNX_TANH_P0);
+    y = V_ADD(V_MUL(y, z), V_SET1(ATTNX_TANH_P1));
+    y = V_ADD(V_MUL(y, z), V_SET1(ATTNX_TANH_P2));
+    y = V_ADD(V_MUL(y, z), V_SET1(ATTNX_TANH_P3));
+    y = V_ADD(V_MUL(y, z), V_SET1(ATTNX_TANH_P4));
+    const VF small = V_ADD(V_MUL(V_MUL(y, z), x), x);
+    const VF e = v_exp(V_MUL(V_SET1(-2.0f), a));
+    const VF one = V_SET1(1.0f);
+    const VF r = V_DIV(V_SUB(one, e), V_ADD(one, e));
+    const VF large = V_SEL_LT(x, V_ZERO(), V_SUB(V_ZERO(), r), r);
+    return V_SEL_LT(a, V_SET1(ATTNX_TANH_SMALL), small, large);
+}
+
+// st: (nk, ldq)
+static void SUFFIX(softcap)(float *st, int64_t ldq, int nq, int nk, float cap, float inv_cap)
+{
+    const VF vc = V_SET1(cap), vi = V_SET1(inv_cap);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i += W) {
+            float *s = st + j * ldq + i;
+            V_STORE(s, V_MUL(vc, v_tanh(V_MUL(V_LOAD(s), vi))));
+        }
+}
+
+// dst, capped: (nk, ldq)
+static void SUFFIX(softcap_bwd)(float *dst, const float *capped, int64_t ldq, int nq, int nk,
+                                float inv_cap)
+{
+    const VF vi = V_SET1(inv_cap), one = V_SET1(1.0f);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i += W) {
+            const VF t = V_MUL(V_LOAD(capped + j * ldq + i), vi);
+            float *d = dst + j * ldq + i;
+            V_STORE(d, V_MUL(V_LOAD(d), V_SUB(one, V_MUL(t, t))));
+        }
+}
+
+// st: (nk, ldq); c = d(i0) - j0
+static void SUFFIX(alibi)(float *st, int64_t ldq, int nq, int nk, float slope, int64_t c)
+{
+    float lane[W];
+    for (int l = 0; l < W; l++) lane[l] = (float)l;
+    const VF vl = V_LOAD(lane), vs = V_SET1(slope);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i += W) {
+            /* c + i - j + l, exact in float below 2^24 as in the scalar kernel */
+            const VF dist = v_abs(V_ADD(vl, V_SET1((float)(c + i - j))));
+            float *s = st + j * ldq + i;
+            V_STORE(s, V_SUB(V_LOAD(s), V_MUL(vs, dist)));
+        }
+}
+
 const attnx_kernels SUFFIX(attnx_kernels) = {
     .qk = SUFFIX(qk),
     .qk_dot = SUFFIX(qk_dot),
@@ -415,4 +474,7 @@ const attnx_kernels SUFFIX(attnx_kernels) = {
     .pv = SUFFIX(pv),
     .ptx = SUFFIX(ptx),
     .softmax_bwd = SUFFIX(softmax_bwd),
+    .softcap = SUFFIX(softcap),
+    .softcap_bwd = SUFFIX(softcap_bwd),
+    .alibi = SUFFIX(alibi),
 };

@@ -157,6 +157,36 @@ static void softmax_bwd_scalar(const float *pt, float *dpt, int64_t ldq, int nq,
         }
 }
 
+// st: (nk, ldq)
+static void softcap_scalar(float *st, int64_t ldq, int nq, int nk, float cap, float inv_cap)
+{
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) st[j * ldq + i] = cap * attnx_tanhf(st[j * ldq + i] * inv_cap);
+}
+
+// dst, capped: (nk, ldq)
+static void softcap_bwd_scalar(float *dst, const float *capped, int64_t ldq, int nq, int nk,
+                               float inv_cap)
+{
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            const float t = capped[j * ldq + i] * inv_cap;
+            dst[j * ldq + i] *= 1.0f - t * t;
+        }
+}
+
+// st: (nk, ldq); c = d(i0) - j0
+static void alibi_scalar(float *st, int64_t ldq, int nq, int nk, float slope, int64_t c)
+{
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            const int64_t d = c + i - j;
+            const float dist = (float)(d < 0 ? -d : d);
+            const float bias = slope * dist;
+            st[j * ldq + i] -= bias;
+        }
+}
+
 const attnx_kernels attnx_kernels_scalar = {
     .qk = qk_scalar,
     .qk_dot = qk_dot_scalar,
@@ -170,4 +200,7 @@ const attnx_kernels attnx_kernels_scalar = {
     .pv = pv_scalar,
     .ptx = ptx_scalar,
     .softmax_bwd = softmax_bwd_scalar,
+    .softcap = softcap_scalar,
+    .softcap_bwd = softcap_bwd_scalar,
+    .alibi = alibi_scalar,
 };

@@ -191,38 +191,82 @@ static int fill_mask(attnx_problem *p, PyObject *obj)
     return 1;
 }
 
-/* Lengths: None, or int64 of shape (B, Hq), any whole-element strides. */
-static int fill_lengths(attnx_lengths *len, PyObject *obj, const char *name, npy_intp B, npy_intp H)
+/* A per-head array (B, Hq) of the given type (int64 lengths, float32 slopes
+ * and sinks), any whole-element strides: its data and element strides, or
+ * data NULL for None. */
+static int fill_per_head(PyObject *obj, const char *name, int type, npy_intp B, npy_intp H,
+                         const void **data, int64_t *sb, int64_t *sh)
 {
+    *data = NULL;
     if (obj == Py_None) return 1;
     if (!check_type(obj, name, " or None")) return 0;
     PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_TYPE(a) != NPY_INT64 || !PyArray_ISNOTSWAPPED(a)) {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype int64 (native byte order), not %S", name,
-                     (PyObject *)PyArray_DESCR(a));
+    if (PyArray_TYPE(a) != type || !PyArray_ISNOTSWAPPED(a)) {
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %s (native byte order), not %S", name,
+                     type == NPY_INT64 ? "int64" : "float32", (PyObject *)PyArray_DESCR(a));
         return 0;
     }
     if (PyArray_NDIM(a) != 2 || PyArray_DIM(a, 0) != B || PyArray_DIM(a, 1) != H) {
         PyErr_Format(PyExc_ValueError, "%s must have shape (%zd, %zd)", name, B, H);
         return 0;
     }
-    if (PyArray_STRIDE(a, 0) % 8 || PyArray_STRIDE(a, 1) % 8 || !PyArray_ISALIGNED(a)) {
+    const npy_intp size = PyArray_ITEMSIZE(a);
+    if (PyArray_STRIDE(a, 0) % size || PyArray_STRIDE(a, 1) % size || !PyArray_ISALIGNED(a)) {
         PyErr_Format(PyExc_ValueError, "%s must be aligned with whole-element strides", name);
         return 0;
     }
-    *len = (attnx_lengths){.data = PyArray_DATA(a), .sb = estride(obj, 0), .sh = estride(obj, 1)};
+    *data = PyArray_DATA(a);
+    *sb = estride(obj, 0);
+    *sh = estride(obj, 1);
     return 1;
+}
+
+static int fill_lengths(attnx_lengths *len, PyObject *obj, const char *name, npy_intp B, npy_intp H)
+{
+    const void *data;
+    if (!fill_per_head(obj, name, NPY_INT64, B, H, &data, &len->sb, &len->sh)) return 0;
+    len->data = data;
+    return 1;
+}
+
+static int fill_head_values(attnx_head_values *hv, PyObject *obj, const char *name, npy_intp B,
+                            npy_intp H)
+{
+    const void *data;
+    if (!fill_per_head(obj, name, NPY_FLOAT32, B, H, &data, &hv->sb, &hv->sh)) return 0;
+    hv->data = data;
+    return 1;
+}
+
+/* The variants of the scores: None, or the tuple
+ * (window_on, left, right, align, softcap, alibi_slopes, sinks). */
+static int fill_variant(attnx_problem *p, PyObject *variant)
+{
+    if (variant == Py_None) return 1;
+    long long left, right;
+    int on, align;
+    double softcap;
+    PyObject *alibi, *sinks;
+    if (!PyArg_ParseTuple(variant, "iLLidOO:variant", &on, &left, &right, &align, &softcap, &alibi,
+                          &sinks))
+        return 0;
+    p->window = (attnx_window){.on = on, .left = left, .right = right};
+    p->align = align;
+    p->softcap = (float)softcap;
+    return fill_head_values(&p->alibi, alibi, "alibi_slopes", p->B, p->Hq) &&
+           fill_head_values(&p->sinks, sinks, "sinks", p->B, p->Hq);
 }
 
 /* What both passes read: q, k, v, mask, lengths, causal, scale. The causal
  * code and the scale go in as given; the core checks them. */
 static int fill_problem(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v, PyObject *mask,
-                        PyObject *kl, PyObject *ql, int causal, double scale)
+                        PyObject *kl, PyObject *ql, int causal, double scale, PyObject *variant)
 {
     memset(p, 0, sizeof *p);
     if (!fill_qkv(p, q, k, v) || !fill_mask(p, mask) ||
         !fill_lengths(&p->key_lengths, kl, "key_lengths", p->B, p->Hq) ||
-        !fill_lengths(&p->query_lengths, ql, "query_lengths", p->B, p->Hq))
+        !fill_lengths(&p->query_lengths, ql, "query_lengths", p->B, p->Hq) ||
+        !fill_variant(p, variant))
         return 0;
     p->causal = causal;
     p->scale = (float)scale;
@@ -251,6 +295,9 @@ static PyObject *raise_refusal(attnx_status st, const char *field, const attnx_p
                             p->causal);
     if (strcmp(field, "scale") == 0)
         return PyErr_Format(PyExc_ValueError, "scale must be finite in float32, got %R", scale_obj);
+    if (strcmp(field, "softcap") == 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "softcap must be finite and > 0 in float32 (0: none)");
     if (st == ATTNX_ERR_LENGTH) {
         const int keys = strcmp(field, "key_lengths") == 0;
         return PyErr_Format(PyExc_ValueError, "%s: a length lies outside [0, %s] = [0, %lld]",
@@ -277,12 +324,14 @@ static PyObject *backward_refused(attnx_status st, const attnx_grad_problem *g, 
 
 PyDoc_STRVAR(forward_doc,
              "forward(q, k, v, out, weights, mask, key_lengths, query_lengths, causal, scale, "
-             "lse=None)\n--\n\n"
+             "lse=None, variant=None)\n--\n\n"
              "Private: attention on 4-D float32 views. q (B,Hq,Lq,E), k (B,Hk,Lk,E),\n"
              "v (B,Hk,Lk,Ev), out (B,Hq,Lq,Ev) writeable, weights None or (B,Hq,Lq,Lk)\n"
              "C-contiguous, mask None or bool/float32 (B,Hq,Lq,Lk) with any strides,\n"
              "lengths None or int64 (B,Hq); causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or\n"
-             "CAUSAL_LOWER_RIGHT; lse None or (B,Hq,Lq,1) writeable.\n"
+             "CAUSAL_LOWER_RIGHT; lse None or (B,Hq,Lq,1) writeable; variant None or\n"
+             "(window_on, left, right, align, softcap, alibi_slopes, sinks), the last two\n"
+             "None or float32 (B,Hq).\n"
              "Use attnx.scaled_dot_product_attention instead.");
 
 /* out, weights and lse: what the forward writes. */
@@ -301,14 +350,14 @@ static int fill_outputs(attnx_problem *p, PyObject *out, PyObject *weights, PyOb
 
 static PyObject *py_forward(PyObject *self, PyObject *args)
 {
-    PyObject *q, *k, *v, *out, *weights, *mask, *kl, *ql, *lse = Py_None;
+    PyObject *q, *k, *v, *out, *weights, *mask, *kl, *ql, *lse = Py_None, *variant = Py_None;
     int causal;
     double scale;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOid|O:forward", &q, &k, &v, &out, &weights, &mask, &kl, &ql,
-                          &causal, &scale, &lse))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOid|OO:forward", &q, &k, &v, &out, &weights, &mask, &kl,
+                          &ql, &causal, &scale, &lse, &variant))
         return NULL;
     attnx_problem p;
-    if (!fill_problem(&p, q, k, v, mask, kl, ql, causal, scale) ||
+    if (!fill_problem(&p, q, k, v, mask, kl, ql, causal, scale, variant) ||
         !fill_outputs(&p, out, weights, lse))
         return NULL;
     attnx_status st;
@@ -323,7 +372,7 @@ static PyObject *py_forward(PyObject *self, PyObject *args)
 
 PyDoc_STRVAR(backward_doc,
              "backward(q, k, v, out, dout, lse, dq, dk, dv, dmask, mask, key_lengths, "
-             "query_lengths, causal, scale)\n--\n\n"
+             "query_lengths, causal, scale, variant=None)\n--\n\n"
              "Private: gradients of forward() on 4-D float32 views. out, dout (B,Hq,Lq,Ev);\n"
              "lse (B,Hq,Lq,1) view; dq (B,Hq,Lq,E), dk (B,Hk,Lk,E), dv (B,Hk,Lk,Ev) writeable;\n"
              "dmask None or (B,Hq,Lq,Lk) C-contiguous, zeroed. Use "
@@ -358,14 +407,15 @@ static int fill_grads(attnx_grad_problem *g, PyObject *dq, PyObject *dk, PyObjec
 static PyObject *py_backward(PyObject *self, PyObject *args)
 {
     PyObject *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *dmask, *mask, *kl, *ql;
+    PyObject *variant = Py_None;
     int causal;
     double scale;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOid:backward", &q, &k, &v, &o, &dout, &lse, &dq, &dk,
-                          &dv, &dmask, &mask, &kl, &ql, &causal, &scale))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOid|O:backward", &q, &k, &v, &o, &dout, &lse, &dq, &dk,
+                          &dv, &dmask, &mask, &kl, &ql, &causal, &scale, &variant))
         return NULL;
     attnx_grad_problem g;
     memset(&g, 0, sizeof g);
-    if (!fill_problem(&g.f, q, k, v, mask, kl, ql, causal, scale) ||
+    if (!fill_problem(&g.f, q, k, v, mask, kl, ql, causal, scale, variant) ||
         !fill_saved(&g, o, dout, lse) || !fill_grads(&g, dq, dk, dv, dmask))
         return NULL;
     attnx_status st;
@@ -483,7 +533,9 @@ static int add_constants(PyObject *m)
                    PyModule_AddIntConstant(m, "MAX_THREADS", ATTNX_MAX_THREADS) < 0 ||
                    PyModule_AddIntConstant(m, "CAUSAL_NONE", ATTNX_CAUSAL_NONE) < 0 ||
                    PyModule_AddIntConstant(m, "CAUSAL_UPPER_LEFT", ATTNX_CAUSAL_UPPER_LEFT) < 0 ||
-                   PyModule_AddIntConstant(m, "CAUSAL_LOWER_RIGHT", ATTNX_CAUSAL_LOWER_RIGHT) < 0
+                   PyModule_AddIntConstant(m, "CAUSAL_LOWER_RIGHT", ATTNX_CAUSAL_LOWER_RIGHT) < 0 ||
+                   PyModule_AddIntConstant(m, "ALIGN_UPPER_LEFT", ATTNX_ALIGN_UPPER_LEFT) < 0 ||
+                   PyModule_AddIntConstant(m, "ALIGN_LOWER_RIGHT", ATTNX_ALIGN_LOWER_RIGHT) < 0
                ? -1
                : 0;
 }
