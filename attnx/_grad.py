@@ -175,7 +175,9 @@ def reference_backward(
         attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None) -> AttentionGrads:
+        query_lengths: Optional[ArrayInput] = None, window: Window = None,
+        sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
+        alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None) -> AttentionGrads:
     """The gradients of :func:`attnx.reference` in float64 NumPy: the oracle of the tests.
 
     Same arguments as :func:`attnx.scaled_dot_product_attention_vjp`, plus the
@@ -184,14 +186,15 @@ def reference_backward(
     passed. Slow and memory-hungry: it builds every score.
     """
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                       layout=layout, key_lengths=key_lengths,
-                       query_lengths=query_lengths).astype(np.float64)
+                       layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
+                       window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
+                       alignment=alignment).astype(np.float64)
     B = math.prod(p.batch_shape)
     q, k, v, mask = p.folded()
     do = output_like(dout, "dout", p, np.float64)
-    dq, dk, dv, ds = reference_attention_backward(
+    dq, dk, dv, ds, dsinks = reference_attention_backward(
         do.reshape((B,) + do.shape[-3:]), q, k, v, mask, CAUSAL_ARG[p.causal], p.scale,
-        p.key_lengths, p.query_lengths)
+        p.key_lengths, p.query_lengths, p.variants)
 
     def as_passed(a: NDArray[np.float64]) -> NDArray[np.float64]:
         """A (B, H, L, X) gradient in the caller's shape and layout."""
@@ -203,7 +206,11 @@ def reference_backward(
     gm = None
     if mask is not None and mask.dtype != np.bool_:
         gm = _mask_grad(ds.reshape(p.scores_shape), attn_mask).astype(np.float64)
-    return AttentionGrads(as_passed(dq), as_passed(dk), as_passed(dv), gm)
+    gs = None
+    if sinks is not None:
+        gs = _reduce_to(dsinks.reshape(p.batch_shape + dsinks.shape[-1:]),
+                        np.shape(as_array(sinks, "sinks"))).astype(np.float64)
+    return AttentionGrads(as_passed(dq), as_passed(dk), as_passed(dv), gm, gs)
 
 
 def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,

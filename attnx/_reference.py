@@ -28,8 +28,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _attnx
-from ._args import (CAUSAL_ARG, ArrayInput, Causal, Layout, as_array, attention_args, check_flag,
-                    default_scale)
+from ._args import (CAUSAL_ARG, NO_VARIANTS, Alignment, ArrayInput, Causal, Layout, Variants,
+                    Window, as_array,
+                    attention_args, check_flag, default_scale)
 
 F64 = NDArray[np.float64]
 
@@ -52,6 +53,16 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
 
     Returns (out (B, Hq, Lq, Ev), weights (B, Hq, Lq, Lk)), both float64.
     """
+    out, w, _, _ = _forward64(q, k, v, attn_mask, is_causal, scale, key_lengths, query_lengths,
+                              NO_VARIANTS)
+    return out, w
+
+
+def _forward64(q: ArrayInput, k: ArrayInput, v: ArrayInput, attn_mask: Optional[ArrayInput],
+               is_causal: Causal, scale: Optional[float], key_lengths: object,
+               query_lengths: object, variants: Variants) -> Tuple[F64, F64, F64, Optional[F64]]:
+    """reference_attention with the variants: (out, weights, the sink's weight
+    (B, Hq, Lq, 1), and tanh(s / softcap) (B, Hq, Lq, Lk) or None)."""
     q, k, v = (_float64(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v")))
     B, Hq, Lq, E = q.shape
     Hk, Lk = k.shape[1], k.shape[2]
@@ -62,17 +73,53 @@ def reference_attention(q: ArrayInput, k: ArrayInput, v: ArrayInput,
         scale = default_scale(E)
     with np.errstate(invalid="ignore", over="ignore"):
         scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+        t = None
+        if variants.softcap:
+            t = np.tanh(scores / variants.softcap)
+            scores = variants.softcap * t
+        if variants.alibi is not None:
+            scores = scores - variants.alibi.reshape(B, Hq, 1, 1) * _distance(variants, is_causal, Lq, Lk)
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
     bool_mask = mask if mask is not None and mask.dtype == np.bool_ else None
     if mask is not None and bool_mask is None:
         scores = scores + mask.astype(np.float64)
     allowed, row_ok = _allowed(scores.shape, bool_mask, is_causal, key_lengths, query_lengths)
-    w = _softmax(np.where(allowed, scores, -np.inf), allowed)
+    allowed &= _band(variants, is_causal, Lq, Lk)
+    sinks = None if variants.sinks is None else variants.sinks.reshape(B, Hq, 1, 1)
+    w, w_sink = _softmax(np.where(allowed, scores, -np.inf), allowed, sinks)
     with np.errstate(invalid="ignore", over="ignore"):
         w = np.where(row_ok, w, 0.0)
+        w_sink = np.where(row_ok, w_sink, 0.0)
         # masked keys contribute nothing, whatever their values hold
         out = _weighted_sum(w, v)
-    return out, w
+    return out, w, w_sink, t
+
+
+def _diagonal(variants: Variants, is_causal: Causal, Lq: int, Lk: int) -> NDArray[np.int64]:
+    """d(i) for every query row, (Lq, 1): i, or i + Lk - Lq aligned lower-right."""
+    lower_right = is_causal == "lower_right" or (
+        not is_causal and variants.align == _attnx.ALIGN_LOWER_RIGHT)
+    return np.arange(Lq)[:, None] + (Lk - Lq if lower_right else 0)
+
+
+def _distance(variants: Variants, is_causal: Causal, Lq: int, Lk: int) -> F64:
+    """|d(i) - j|, (Lq, Lk), for ALiBi."""
+    d: F64 = np.abs(_diagonal(variants, is_causal, Lq, Lk) - np.arange(Lk)[None, :]).astype(np.float64)
+    return d
+
+
+def _band(variants: Variants, is_causal: Causal, Lq: int, Lk: int) -> NDArray[np.bool_]:
+    """(Lq, Lk): the keys the window lets each query see (all without a window)."""
+    if variants.window is None:
+        return np.ones((Lq, Lk), dtype=bool)
+    left, right = variants.window
+    d, j = _diagonal(variants, is_causal, Lq, Lk), np.arange(Lk)[None, :]
+    ok = np.ones((Lq, Lk), dtype=bool)
+    if left >= 0:
+        ok &= j >= d - left
+    if right >= 0:
+        ok &= j <= d + right
+    return ok
 
 
 def _float64(x: object, name: str) -> F64:
@@ -101,9 +148,12 @@ def _allowed(shape: Tuple[int, ...], bool_mask: Optional[NDArray[np.bool_]], is_
     return allowed, row_ok
 
 
-def _softmax(scores: F64, allowed: NDArray[np.bool_]) -> F64:
+def _softmax(scores: F64, allowed: NDArray[np.bool_],
+             sinks: Optional[F64] = None) -> Tuple[F64, F64]:
     """The weights of each row's allowed scores (others -inf): zeros for a row
-    with none or all -inf, never NaN; NaN and +inf propagate."""
+    with none or all -inf, never NaN; NaN and +inf propagate. With sinks
+    (B, H, 1, 1) each row's denominator also holds exp(sink) (not for a row
+    that is zeros). Returns (weights, the sink's weight (B, H, Lq, 1))."""
     if scores.shape[-1] > 0:
         m = np.max(scores, axis=-1, keepdims=True)
     else:
@@ -115,8 +165,15 @@ def _softmax(scores: F64, allowed: NDArray[np.bool_]) -> F64:
         p = np.where(scores - m < _attnx.EXP_FLUSH_BELOW, 0.0, np.exp(scores - m))
         p = np.where(allowed, p, 0.0)
         s = np.sum(p, axis=-1, keepdims=True)
-        w: F64 = np.where(s == 0, 0.0, p / np.where(s == 0, 1.0, s))
-    return w
+        sink = np.zeros_like(s)
+        if sinks is not None:     # exp(sink - m), as the core folds it in (m' = max(m, sink))
+            mn = np.maximum(m, sinks)
+            p, s = p * np.exp(m - mn), s * np.exp(m - mn)
+            sink = np.where(s == 0, 0.0, np.exp(sinks - mn))
+        den = s + sink
+        w: F64 = np.where(s == 0, 0.0, p / np.where(s == 0, 1.0, den))
+        w_sink: F64 = np.where(s == 0, 0.0, sink / np.where(s == 0, 1.0, den))
+    return w, w_sink
 
 
 def _weighted_sum(w: F64, v: F64) -> F64:
@@ -145,6 +202,9 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               is_causal: Causal = False, scale: Optional[float] = None,
               enable_gqa: bool = False, *, layout: Layout = "bhld",
               key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
+              window: Window = None, sinks: Optional[ArrayInput] = None,
+              softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+              alignment: Alignment = None,
               need_weights: Literal[False] = False) -> F64: ...
 
 
@@ -154,6 +214,9 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               is_causal: Causal = False, scale: Optional[float] = None,
               enable_gqa: bool = False, *, layout: Layout = "bhld",
               key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
+              window: Window = None, sinks: Optional[ArrayInput] = None,
+              softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+              alignment: Alignment = None,
               need_weights: Literal[True]) -> Tuple[F64, F64]: ...
 
 
@@ -163,6 +226,9 @@ def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               is_causal: Causal = False, scale: Optional[float] = None,
               enable_gqa: bool = False, *, layout: Layout = "bhld",
               key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
+              window: Window = None, sinks: Optional[ArrayInput] = None,
+              softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+              alignment: Alignment = None,
               need_weights: bool = False,
               ) -> Union[F64, Tuple[F64, F64]]: ...
 
@@ -208,8 +274,8 @@ def reference(*args: Any, need_weights: bool = False, **kwargs: Any) -> Any:
     # spell them for type checkers)
     p = attention_args(*args, **kwargs).astype(np.float64)
     q, k, v, mask = p.folded()
-    o, w = reference_attention(q, k, v, mask, CAUSAL_ARG[p.causal], p.scale, p.key_lengths,
-                               p.query_lengths)
+    o, w, _, _ = _forward64(q, k, v, mask, CAUSAL_ARG[p.causal], p.scale, p.key_lengths,
+                            p.query_lengths, p.variants)
     out = np.empty(p.caller_shape(p.out_shape))
     p.core_view(out)[...] = o.reshape(p.out_shape)
     return p.results(out, w.reshape(p.scores_shape) if need_weights else None)
@@ -220,7 +286,8 @@ def reference_attention_backward(dout: ArrayInput, q: ArrayInput, k: ArrayInput,
                                  scale: Optional[float] = None,
                                  key_lengths: Optional[ArrayLike] = None,
                                  query_lengths: Optional[ArrayLike] = None,
-                                 ) -> Tuple[F64, F64, F64, F64]:
+                                 variants: Variants = NO_VARIANTS,
+                                 ) -> Tuple[F64, F64, F64, F64, F64]:
     """Float64 gradients of :func:`reference_attention` for an upstream gradient
     ``dout`` (B, Hq, Lq, Ev), on the same already-normalised 4-D arrays.
 
@@ -229,9 +296,12 @@ def reference_attention_backward(dout: ArrayInput, q: ArrayInput, k: ArrayInput,
     dS = P ∘ (dP − D) (exactly 0 where P is 0), dQ = scale · dS K,
     dK = scale · dSᵀ Q (summed over each group), d(scores) = dS.
 
+    With a softcap c, dS is multiplied by 1 - tanh(s/c)² before dQ and dK;
+    with sinks, d sink = -sum_i P_sink,i · D_i.
+
     Returns (dq (B, Hq, Lq, E), dk (B, Hk, Lk, E), dv (B, Hk, Lk, Ev),
-    dscores (B, Hq, Lq, Lk)), float64: dscores is the gradient of a float mask
-    before any reduction over its broadcast axes.
+    dscores (B, Hq, Lq, Lk), dsinks (B, Hq)), float64: dscores is the gradient
+    of a float mask before any reduction over its broadcast axes.
     """
     qq, kk, vv, do = (_float64(a, name)
                       for a, name in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
@@ -240,15 +310,18 @@ def reference_attention_backward(dout: ArrayInput, q: ArrayInput, k: ArrayInput,
     group = Hq // Hk if Hk else 1
     if scale is None:
         scale = default_scale(E)
-    out, p = reference_attention(qq, kk, vv, attn_mask, is_causal, scale, key_lengths, query_lengths)
+    out, p, p_sink, t = _forward64(qq, kk, vv, attn_mask, is_causal, scale, key_lengths,
+                                   query_lengths, variants)
     kr, vr = np.repeat(kk, group, axis=1), np.repeat(vv, group, axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
         dv = np.matmul(np.swapaxes(p, -1, -2), do)
         dp = np.matmul(do, np.swapaxes(vr, -1, -2))
         d = np.sum(do * out, axis=-1, keepdims=True)
         ds = np.where(p == 0, 0.0, p * (dp - d))
-        dq = scale * np.matmul(ds, kr)
-        dk = scale * np.matmul(np.swapaxes(ds, -1, -2), qq)
+        ds_raw = ds if t is None else ds * (1.0 - t * t)      # through the softcap's tanh
+        dq = scale * np.matmul(ds_raw, kr)
+        dk = scale * np.matmul(np.swapaxes(ds_raw, -1, -2), qq)
+        dsink = -np.sum(p_sink * d, axis=(-2, -1))             # (B, Hq)
     dk = dk.reshape((B, Hk, group) + dk.shape[2:]).sum(axis=2)
     dv = dv.reshape((B, Hk, group) + dv.shape[2:]).sum(axis=2)
-    return dq, dk, dv, ds
+    return dq, dk, dv, ds, dsink

@@ -15,7 +15,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import torch
 
-from ._args import Causal, Layout
+from ._args import Alignment, Causal, Layout, Window
 from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
 
@@ -39,22 +39,24 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attn_mask: Optional[torch.Tensor], opts: dict[str, Any]) -> torch.Tensor:
+                attn_mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                opts: dict[str, Any]) -> torch.Tensor:
         q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
         m = None if attn_mask is None else _numpy(attn_mask, "attn_mask")
-        out, lse = _sdpa(q, k, v, attn_mask=m, return_lse=True, **opts)
+        s = None if sinks is None else _numpy(sinks, "sinks")
+        out, lse = _sdpa(q, k, v, attn_mask=m, sinks=s, return_lse=True, **opts)
         out_t, lse_t = torch.from_numpy(out), torch.from_numpy(lse)
-        ctx.save_for_backward(query, key, value, attn_mask, out_t, lse_t)
+        ctx.save_for_backward(query, key, value, attn_mask, sinks, out_t, lse_t)
         ctx.opts = opts
         return out_t.to(query.dtype)
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        query, key, value, attn_mask, out, lse = ctx.saved_tensors
+        query, key, value, attn_mask, sinks, out, lse = ctx.saved_tensors
         g = _sdpa_backward(_numpy(dout, "grad_output"), _numpy(query, "query"),
                            _numpy(key, "key"), _numpy(value, "value"), out.numpy(), lse.numpy(),
                            attn_mask=None if attn_mask is None else _numpy(attn_mask, "attn_mask"),
-                           **ctx.opts)
+                           sinks=None if sinks is None else _numpy(sinks, "sinks"), **ctx.opts)
 
         def back(a: Optional[np.ndarray[Any, Any]], like: Optional[torch.Tensor],
                  needed: bool) -> Optional[torch.Tensor]:
@@ -64,7 +66,8 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
 
         need = ctx.needs_input_grad
         return (back(g.query, query, need[0]), back(g.key, key, need[1]),
-                back(g.value, value, need[2]), back(g.attn_mask, attn_mask, need[3]), None)
+                back(g.value, value, need[2]), back(g.attn_mask, attn_mask, need[3]),
+                back(g.sinks, sinks, need[4]), None)
 
 
 def scaled_dot_product_attention(
@@ -72,7 +75,9 @@ def scaled_dot_product_attention(
         attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         layout: Layout = "bhld", key_lengths: Optional[Any] = None,
-        query_lengths: Optional[Any] = None) -> torch.Tensor:
+        query_lengths: Optional[Any] = None, window: Window = None,
+        sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
+        alibi_slopes: Optional[Any] = None, alignment: Alignment = None) -> torch.Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` computed by attnx, with gradients.
 
     query (B..., Hq, Lq, E), key (B..., Hk, Lk, E), value (B..., Hk, Lk, Ev):
@@ -82,8 +87,10 @@ def scaled_dot_product_attention(
     (``attn_mask``: bool, True = may attend, or float, added to the scores;
     ``is_causal``: True, "upper_left" or "lower_right"; ``layout="blhd"``
     takes (B, L, H, E); ``key_lengths``/``query_lengths``: padding without a
-    mask). Gradients flow to query, key, value and a float ``attn_mask``
-    (summed over its broadcast axes); ``dropout_p`` must be 0.
+    mask; ``window``, ``softcap``, ``alibi_slopes``, ``alignment``: the
+    attention variants). Gradients flow to query, key, value, a float
+    ``attn_mask`` (summed over its broadcast axes) and ``sinks`` (a tensor of
+    sink logits, (Hq,) or broadcastable to (B..., Hq)); ``dropout_p`` must be 0.
 
     Returns the output tensor, (B..., Hq, Lq, Ev) (``"blhd"``: (B..., Lq, Hq, Ev)).
 
@@ -98,6 +105,7 @@ def scaled_dot_product_attention(
     """
     opts: dict[str, Any] = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
-                                query_lengths=query_lengths)
-    out: torch.Tensor = _Attention.apply(query, key, value, attn_mask, opts)
+                                query_lengths=query_lengths, window=window, softcap=softcap,
+                                alibi_slopes=alibi_slopes, alignment=alignment)
+    out: torch.Tensor = _Attention.apply(query, key, value, attn_mask, sinks, opts)
     return out
