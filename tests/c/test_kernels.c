@@ -7,7 +7,8 @@
  * Tolerances, per kernel:
  *   identical  (the same bits; NaN where the scalar kernel gives NaN): where
  *              both do the same float operations: mask_float, mask_bool,
- *              pack_qt, store_rows (and its inf/NaN flag), softmax_bwd; and
+ *              pack_qt, store_rows (and its inf/NaN flag), softmax_bwd,
+ *              softcap_bwd, alibi; and
  *              qk, qk_dot, pv, ptx on small integers, whose products and
  *              sums are exact in float32 whatever the order or FMA
  *   summation  qk, qk_dot, pv, ptx on random floats: the SIMD kernels use
@@ -18,7 +19,9 @@
  *              polynomial with FMA (each within 1 ulp of exp): m identical;
  *              exp(s - m) and alpha within 2 ulp, the final probabilities
  *              exp(s - m) · inv_l within 3 ulp (and anything within 2^-149,
- *              for results near the flush); l within (nk + 4) · 2^-23 · l
+ *              for results near the flush); l within (nk + 4) · 2^-23 · l;
+ *              softcap within 2 ulp of the scalar kernel (the exp's FMA), and
+ *              attnx_tanhf within 3 ulp of the C library's tanh
  * Kernels must also leave alone what their contract does not let them write
  * (checked with guard values around the outputs).
  *
@@ -505,6 +508,94 @@ static void test_softmax_bwd(const char *isa, const attnx_kernels *kt)
     end();
 }
 
+/* ---- softcap: st = cap · tanh(st / cap), softcap_bwd, alibi ------------------------- */
+
+/* Scores around every branch of the tanh: 0, the polynomial's edge at
+ * ±0.625·cap, large, ±inf, NaN, and random ones. */
+static float cap_score(int i, int j, float cap)
+{
+    static const float edge[] = {0.0f, 0.6249f, 0.625f, 0.6251f, 20.0f, 44.0f, INFINITY, NAN};
+    const int n = (int)(sizeof edge / sizeof *edge), at = (i + 3 * j) % (2 * n + 3);
+    if (at < 2 * n) return (at % 2 ? -1.0f : 1.0f) * edge[at / 2] * cap;
+    return 3.0f * cap * nrand();
+}
+
+static void softcap_case(const attnx_kernels *kt, int nq, int nk, float cap)
+{
+    float *st = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++)
+            st[j * LDQ + i] = ref[j * LDQ + i] = cap_score(i, j, cap);
+    kt->softcap(st, LDQ, nq, nk, cap, 1.0f / cap);
+    attnx_kernels_scalar.softcap(ref, LDQ, nq, nk, cap, 1.0f / cap);
+    cur.cases++;
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++)
+            expect_ulps(st[j * LDQ + i], ref[j * LDQ + i], 2, "softcap", j, i);
+    compare_tile(st, st, nk, nq, 1, NULL, "softcap"); /* the guards */
+    free(st), free(ref);
+}
+
+/* The scalar tanh against the C library's, and the SIMD softcap against it. */
+static void test_softcap(const char *isa, const attnx_kernels *kt)
+{
+    begin(isa, "softcap", "ulps");
+    for (int k = -4000; k <= 4000; k++) { /* attnx_tanhf within 3 ulp of tanh */
+        const float x = (float)k / 400.0f, want = (float)tanh((double)x);
+        cur.cases++;
+        expect_ulps(attnx_tanhf(x), want, 3, "attnx_tanhf", k, 0);
+    }
+    for (int nq = 1; nq <= SMAX; nq += 3)
+        for (int nk = 1; nk <= SMAX; nk += 4) {
+            softcap_case(kt, nq, nk, 1.0f);
+            softcap_case(kt, nq, nk, 30.0f);
+        }
+    end();
+}
+
+static void softcap_bwd_case(const attnx_kernels *kt, int nq, int nk)
+{
+    float *ds = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    float *capped = guarded((size_t)(nk + 1) * LDQ);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++) {
+            ds[j * LDQ + i] = ref[j * LDQ + i] = (i + j) % 7 == 2 ? 0.0f : nrand();
+            capped[j * LDQ + i] = 5.0f * (float)(2.0 * urand() - 1.0);
+        }
+    kt->softcap_bwd(ds, capped, LDQ, nq, nk, 0.2f);
+    attnx_kernels_scalar.softcap_bwd(ref, capped, LDQ, nq, nk, 0.2f);
+    cur.cases++;
+    compare_tile(ds, ref, nk, nq, 1, NULL, "ds");
+    free(ds), free(ref), free(capped);
+}
+
+static void alibi_case(const attnx_kernels *kt, int nq, int nk, float slope, int64_t c)
+{
+    float *st = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++)
+            st[j * LDQ + i] = ref[j * LDQ + i] = (i + j) % 9 == 4 ? -INFINITY : nrand();
+    kt->alibi(st, LDQ, nq, nk, slope, c);
+    attnx_kernels_scalar.alibi(ref, LDQ, nq, nk, slope, c);
+    cur.cases++;
+    compare_tile(st, ref, nk, nq, 1, NULL, "alibi");
+    free(st), free(ref);
+}
+
+static void test_score_steps(const char *isa, const attnx_kernels *kt)
+{
+    begin(isa, "softcap_bwd", "identical");
+    for (int nq = 1; nq <= SMAX; nq += 2)
+        for (int nk = 1; nk <= SMAX; nk += 3) softcap_bwd_case(kt, nq, nk);
+    end();
+    begin(isa, "alibi", "identical");
+    static const int64_t cs[] = {0, 5, -40, 1000, -123456};
+    for (int nq = 1; nq <= SMAX; nq += 2)
+        for (int nk = 1; nk <= SMAX; nk += 3)
+            for (int c = 0; c < 5; c++) alibi_case(kt, nq, nk, c % 2 ? 0.0625f : 0.7f, cs[c]);
+    end();
+}
+
 int main(void)
 {
     rng_state = 0x2545F4914F6CDD1Dull; /* this file's seed */
@@ -529,6 +620,8 @@ int main(void)
         test_pack(isa, kt);
         test_store(isa, kt);
         test_softmax_bwd(isa, kt);
+        test_softcap(isa, kt);
+        test_score_steps(isa, kt);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
     printf("%d passed, %d failed\n", passed, failed);
