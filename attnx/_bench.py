@@ -342,6 +342,28 @@ class _Bench:
         base_kib, peak_kib, t, nbytes = res.stdout.split()
         return (int(peak_kib) - int(base_kib)) / 1024, float(t), int(nbytes)
 
+    def variant(self, name: str, L: int, H: int, D: int, base: Dict[str, Any],
+                opts: Dict[str, Any], *, grad: bool = False) -> Row:
+        """attnx with ``base`` + ``opts`` (a variant) against attnx with ``base``
+        alone, interleaved: the forward, or with ``grad`` the backward alone."""
+        attnx = self.attnx
+        attnx.set_num_threads(self.threads)
+        q, k, v, dout = _inputs(1, H, H, L, L, D) + _inputs(1, H, H, L, L, D, seed=1)[:1]
+        def call(kw: Dict[str, Any]) -> Callable[[], object]:
+            if not grad:
+                return lambda: attnx.scaled_dot_product_attention(q, k, v, **kw)
+            out, lse = attnx.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+            return lambda: attnx.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **kw)
+        fns = [call({**base, **opts}), call(base)]
+        t_var, t_base = _time(fns, self.repeats)
+        row: Row = {"case": name, "threads": self.threads, "attnx_s": t_var, "base_s": t_base,
+                    "vs_base": t_base / t_var,
+                    "note": f"{t_var / t_base:.2f}x the time without it "
+                            f"({1e3 * t_var:.1f} ms against {1e3 * t_base:.1f} ms)"}
+        self.emit(row)
+        attnx.set_num_threads(0)
+        return row
+
     def backward_memory(self, L: int, H: int, D: int) -> Row:
         """Peak RSS growth of one long-sequence backward, in a fresh process."""
         extra, t, grads = self._rss_growth(
@@ -396,6 +418,18 @@ def run(args: argparse.Namespace) -> int:
     rows.append(b.mha_step(8, 256, 512, 8))
     if not b.quick:
         rows.append(b.backward_memory(16384, 8, 64))
+    # the variants: each against the same call without it
+    sinks, slopes = np.linspace(-1, 1, 8, dtype=np.float32), 2.0 ** -np.arange(1, 9, dtype=np.float32)
+    for what, opts in (("sinks", {"sinks": sinks}), ("softcap 30", {"softcap": 30.0}),
+                       ("ALiBi", {"alibi_slopes": slopes})):
+        for causal in (False, True):
+            rows.append(b.variant(f"{what}{', causal' if causal else ''} L=1024 H=8 D=64", 1024, 8, 64,
+                                  {"is_causal": causal}, opts))
+    Lw, w = (4096, 256) if b.quick else (16384, 1024)
+    for grad in (False, True):
+        rows.append(b.variant(f"window ({w}, 0) vs causal, L={Lw} H=8 D=64"
+                              f"{', backward' if grad else ''}", Lw, 8, 64,
+                              {"is_causal": True}, {"window": (w, 0)}, grad=grad))
     lengths = [16, 128, 1024] if b.quick else [16, 64, 256, 1024, 4096]
     dims = [64] if b.quick else [32, 64, 128]
     for L in lengths:

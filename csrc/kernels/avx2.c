@@ -35,6 +35,7 @@
 #define V_SEL_EQ(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_EQ_OQ))
 #define V_SEL_LT(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
 #define V_DIV(a, b) _mm256_div_ps(a, b)
+#define V_ANY_NOT_LT(a, b) (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_NLT_UQ)) != 0)
 #define V_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n)        \
     _mm256_castsi256_ps( \

@@ -35,6 +35,7 @@
 #define V_SEL_EQ(a, b, t, f) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), f, t)
 #define V_SEL_LT(a, b, t, f) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), f, t)
 #define V_DIV(a, b) _mm512_div_ps(a, b)
+#define V_ANY_NOT_LT(a, b) (_mm512_cmp_ps_mask(a, b, _CMP_NLT_UQ) != 0)
 #define V_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n)        \
     _mm512_castsi512_ps( \

@@ -13,7 +13,7 @@
  *   V_MAX(x, m)  max that returns m when x is NaN
  *   V_MASK(n) V_LOAD_M(p,mk) V_STORE_M(p,mk,x)   first n lanes
  *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f;  V_SEL_LT(a,b,t,f)  (a < b) ? t : f
- *   V_DIV(a,b)
+ *   V_DIV(a,b);  V_ANY_NOT_LT(a,b)  nonzero if some lane has !(a < b) (NaN included)
  *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
  *   optional: V_SCALE_ZERO_BELOW(y, n, x, lo)  V_ZERO_BELOW(y * 2^n, x, lo), when
  *             the ISA has a fused form
@@ -415,6 +415,9 @@ ATTNX_INLINE VF v_tanh(VF x)
     y = V_ADD(V_MUL(y, z), V_SET1(ATTNX_TANH_P3));
     y = V_ADD(V_MUL(y, z), V_SET1(ATTNX_TANH_P4));
     const VF small = V_ADD(V_MUL(V_MUL(y, z), x), x);
+    /* a cap well above the scores (the usual case) leaves every lane in the
+     * polynomial's range: the exp and the division are skipped */
+    if (!V_ANY_NOT_LT(a, V_SET1(ATTNX_TANH_SMALL))) return small;
     const VF e = v_exp(V_MUL(V_SET1(-2.0f), a));
     const VF one = V_SET1(1.0f);
     const VF r = V_DIV(V_SUB(one, e), V_ADD(one, e));
