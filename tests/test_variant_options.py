@@ -1,0 +1,199 @@
+"""Window, sinks, softcap and ALiBi (and their combinations) against an
+independent float64 oracle written here, forward and gradients, on every ISA;
+the oracle itself against torch's float64 autograd; attnx.reference against
+the oracle; argument errors."""
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _attnx
+from conftest import randn
+
+ISAS = list(_attnx.available_isas())
+
+
+def oracle(q, k, v, *, scale=None, causal=False, window=None, align=None, softcap=None,
+           alibi=None, sinks=None, key_lengths=None):
+    """Seed-style float64 attention with the variants: (out, weights). q (B, H, Lq, E)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    B, H, Lq, E = q.shape
+    Lk = k.shape[2]
+    s = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(E) if scale is None else scale)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    d = np.arange(Lq)[:, None] + (Lk - Lq if "lower_right" in (causal, align) else 0)
+    j = np.arange(Lk)[None, :]
+    if alibi is not None:
+        s = s - np.asarray(alibi, np.float64).reshape(1, H, 1, 1) * np.abs(d - j)
+    ok = np.ones((B, H, Lq, Lk), bool)
+    if causal:
+        ok &= j <= d
+    if window is not None:
+        left, right = (-1 if x is None else x for x in window)
+        if left >= 0:
+            ok &= j >= d - left
+        if right >= 0:
+            ok &= j <= d + right
+    if key_lengths is not None:
+        ok &= j[None, None] < np.asarray(key_lengths).reshape(B, 1, 1, 1)
+    s = np.where(ok, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    sk = None if sinks is None else np.asarray(sinks, np.float64).reshape(1, H, 1, 1)
+    if sk is not None:
+        m = np.maximum(m, sk)
+    m = np.where(np.isinf(m), 0.0, m)
+    p = np.exp(s - m)
+    den = p.sum(-1, keepdims=True)
+    if sk is not None:
+        den = np.where(den > 0, den + np.exp(sk - m), 0.0)
+    w = np.where(den > 0, p / np.where(den > 0, den, 1.0), 0.0)
+    return w @ v, w
+
+
+CASES = {
+    "window": dict(window=(5, 3)),
+    "window_causal": dict(window=(9, 0), causal=True),
+    "window_left_open_lower_right": dict(window=(None, 4), align="lower_right"),
+    "window_empty_rows": dict(window=(0, 0), key_lengths=[11, 40]),
+    "softcap": dict(softcap=1.5),
+    "alibi_lower_right": dict(alibi=[0.5, 0.25, 0.125], causal="lower_right"),
+    "sinks": dict(sinks=[0.3, -1.0, 4.0]),
+    "sinks_causal": dict(sinks=[2.0, 0.0, -2.0], causal=True),
+    "all": dict(softcap=2.0, alibi=[0.5, 0.25, 0.1], sinks=[0.3, -1.0, 5.0], window=(30, 2),
+                causal="lower_right"),
+}
+
+
+def kwargs(c):
+    return dict(window=c.get("window"), softcap=c.get("softcap"), alibi_slopes=c.get("alibi"),
+                sinks=c.get("sinks"), is_causal=c.get("causal", False), alignment=c.get("align"),
+                key_lengths=c.get("key_lengths"))
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = _attnx.isa()
+    _attnx.set_isa(request.param)
+    yield request.param
+    _attnx.set_isa(before)
+
+
+def problem(rng, Lq=21, Lk=70, E=12):
+    q, k, v = (randn(rng, (2, 3, L, E)) for L in (Lq, Lk, Lk))
+    return q, k, v, randn(rng, (2, 3, Lq, E))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_forward_and_weights_match_oracle(rng, isa, name):
+    c = CASES[name]
+    q, k, v, _ = problem(rng)
+    want, w_want = oracle(q, k, v, **c)
+    out, w, lse = attnx.scaled_dot_product_attention(q, k, v, need_weights=True, return_lse=True,
+                                                     **kwargs(c))
+    np.testing.assert_allclose(out, want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(w, w_want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(attnx.scaled_dot_product_attention(q, k, v, **kwargs(c)), want,
+                               atol=2e-6, rtol=1e-5)
+    assert lse.shape == (2, 3, 21)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_decode_split_keys(rng, isa, name):
+    """One query against many keys takes the split-K path; sinks fold in at the merge."""
+    c = CASES[name]
+    q, k, v, _ = problem(rng, Lq=1, Lk=1500, E=8)
+    want, _ = oracle(q, k, v, **c)
+    out = attnx.scaled_dot_product_attention(q, k, v, **kwargs(c))
+    np.testing.assert_allclose(out, want, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_reference_matches_oracle(rng, name):
+    c = CASES[name]
+    q, k, v, _ = problem(rng)
+    np.testing.assert_allclose(attnx.reference(q, k, v, **kwargs(c)), oracle(q, k, v, **c)[0],
+                               atol=1e-12, rtol=1e-10)
+
+
+def torch_grads(q, k, v, dout, c):
+    """Gradients of the oracle's math in torch float64 autograd (sinks as an extra key
+    column with a zero value)."""
+    torch = pytest.importorskip("torch")
+    T = [torch.tensor(np.asarray(a, np.float64), requires_grad=True) for a in (q, k, v)]
+    B, H, Lq, E = q.shape
+    Lk = k.shape[2]
+    s = T[0] @ T[1].transpose(-1, -2) / np.sqrt(E)
+    if c.get("softcap"):
+        s = c["softcap"] * torch.tanh(s / c["softcap"])
+    _, w = oracle(q, k, v, **c)                      # only for the allowed pattern
+    d = torch.arange(Lq)[:, None] + (Lk - Lq if "lower_right" in (c.get("causal"), c.get("align")) else 0)
+    if c.get("alibi") is not None:
+        s = s - torch.tensor(c["alibi"], dtype=torch.float64).reshape(1, H, 1, 1) * (d - torch.arange(Lk)).abs()
+    allowed = torch.from_numpy(oracle(q, k, v, **{**c, "sinks": None, "softcap": None, "alibi": None})[1] > 0)
+    s = s.masked_fill(~allowed, -float("inf"))
+    sk = None
+    vv = T[2]
+    if c.get("sinks") is not None:
+        sk = torch.tensor(c["sinks"], dtype=torch.float64, requires_grad=True)
+        s = torch.cat([s, sk.reshape(1, H, 1, 1).expand(B, H, Lq, 1)], -1)
+        vv = torch.cat([vv, torch.zeros(B, H, 1, v.shape[-1], dtype=torch.float64)], -2)
+    p = torch.nan_to_num(torch.softmax(s, -1))
+    empty = ~allowed.any(-1, keepdim=True)
+    p = p.masked_fill(empty, 0.0)
+    (p @ vv).backward(torch.from_numpy(np.asarray(dout, np.float64)))
+    return [t.grad.numpy() for t in T] + ([sk.grad.numpy()] if sk is not None else [])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_gradients_match_torch_autograd(rng, isa, name):
+    c = CASES[name]
+    q, k, v, dout = problem(rng)
+    want = torch_grads(q, k, v, dout, c)
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, **kwargs(c))
+    g = vjp(dout)
+    got = [g.query, g.key, g.value] + ([g.sinks] if c.get("sinks") is not None else [])
+    assert (g.sinks is None) == (c.get("sinks") is None)
+    for a, b, what in zip(got, want, ["query", "key", "value", "sinks"]):
+        np.testing.assert_allclose(a, b, atol=1.25e-5, rtol=5.25e-6, err_msg=what)
+    ref = attnx.reference_backward(dout, q, k, v, **kwargs(c))
+    for a, b in zip(ref, want):
+        if a is not None:
+            np.testing.assert_allclose(a, b, atol=1e-10, rtol=1e-9)
+
+
+def test_sinks_broadcast_gradient_is_summed(rng):
+    q, k, v, dout = problem(rng)
+    per_batch = np.array([[0.5, 1.0, -1.0], [0.5, 1.0, -1.0]], np.float32)
+    g1 = attnx.scaled_dot_product_attention_vjp(q, k, v, sinks=per_batch[0])[1](dout)
+    g2 = attnx.scaled_dot_product_attention_vjp(q, k, v, sinks=per_batch)[1](dout)
+    assert g1.sinks.shape == (3,) and g2.sinks.shape == (2, 3)
+    np.testing.assert_allclose(g2.sinks.sum(0), g1.sinks, rtol=1e-5, atol=1e-7)
+
+
+def test_window_equals_explicit_mask(rng, isa):
+    q, k, v, _ = problem(rng)
+    i, j = np.arange(21)[:, None], np.arange(70)[None, :]
+    mask = (j >= i - 4) & (j <= i + 6)
+    np.testing.assert_allclose(attnx.scaled_dot_product_attention(q, k, v, window=(4, 6)),
+                               attnx.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(window=(1, 2, 3)), TypeError, "window"),
+    (dict(window=(-2, 0)), ValueError, "window"),
+    (dict(window=(1.5, 0)), TypeError, "window"),
+    (dict(softcap=0.0), ValueError, "softcap"),
+    (dict(softcap=float("nan")), ValueError, "softcap"),
+    (dict(softcap="1"), TypeError, "softcap"),
+    (dict(sinks=np.zeros(4)), ValueError, "sinks"),
+    (dict(alibi_slopes=np.zeros((5, 3))), ValueError, "alibi_slopes"),
+    (dict(sinks=[np.inf, 0, 0]), ValueError, "sinks"),
+    (dict(alignment="middle"), ValueError, "alignment"),
+    (dict(alignment="lower_right", is_causal=True), ValueError, "alignment"),
+])
+def test_errors_name_the_argument(rng, kw, exc, words):
+    q, k, v, _ = problem(rng)
+    with pytest.raises(exc, match=words):
+        attnx.scaled_dot_product_attention(q, k, v, **kw)
