@@ -44,6 +44,8 @@ from ._masks import causal_mask, padding_mask
 from ._mha import MultiHeadAttention
 from ._plot import plot_attention
 from ._reference import reference
+from ._varlen import pack, unpack, varlen_attention, varlen_attention_vjp
+from ._kvcache import KVCache
 
 __version__ = "0.1.0"
 
@@ -59,6 +61,11 @@ __all__ = [
     "padding_mask",
     "plot_attention",
     "reference",
+    "varlen_attention",
+    "varlen_attention_vjp",
+    "pack",
+    "unpack",
+    "KVCache",
     "get_num_threads",
     "set_num_threads",
     "isa",

@@ -197,6 +197,15 @@ def float_array(x: object, name: str) -> NDArray[Any]:
     return a
 
 
+def small_float_array(x: object, name: str) -> NDArray[Any]:
+    """A small float parameter array (sinks, slopes): float arrays kept, integer
+    ones (``[0, 1, 2]``) taken as float64; other kinds raise TypeError."""
+    a = as_array(x, name)
+    if a.dtype != np.bool_ and np.issubdtype(a.dtype, np.integer):
+        return a.astype(np.float64)
+    return float_array(a, name)
+
+
 def as_float(x: object, name: str) -> NDArray[np.float32]:
     """``x`` as a float32 ndarray; float16/64 are converted, other kinds raise."""
     a = float_array(x, name)
@@ -388,7 +397,7 @@ def softcap_value(softcap: object) -> float:
 
 def per_head(x: object, name: str, target: Tuple[int, ...], B: int, H: int) -> NDArray[Any]:
     """A per-head float array broadcast to ``target`` = (batch..., Hq), as (B, H)."""
-    a = float_array(x, name)
+    a = small_float_array(x, name)
     try:
         b = np.broadcast_to(a, target)
     except ValueError:

@@ -364,6 +364,47 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
+    def varlen(self, lengths: Sequence[int], H: int, D: int, *, grad: bool = False) -> Row:
+        """A packed batch through attnx.varlen_attention against torch's SDPA on the
+        same batch padded, with a padding mask (forward, or forward + backward)."""
+        attnx, torch, F = self.attnx, self.torch, self.F
+        attnx.set_num_threads(self.threads)
+        lens = np.asarray(lengths)
+        B, L, total = len(lens), int(lens.max()), int(lens.sum())
+        rng = np.random.default_rng(0)
+        q, k, v, dout = (rng.standard_normal((total, H, D), dtype=np.float32) for _ in range(4))
+        cu = np.concatenate([[0], np.cumsum(lens)])
+
+        def a_call() -> object:
+            if not grad:
+                return attnx.varlen_attention(q, k, v, cu, cu)
+            out, vjp = attnx.varlen_attention_vjp(q, k, v, cu, cu)
+            return vjp(dout)
+        fns: List[Callable[[], object]] = [a_call]
+        names = ["attnx"]
+        if torch:
+            torch.set_num_threads(self.threads)
+            pad = [torch.from_numpy(attnx.unpack(x, cu)).transpose(1, 2).contiguous()
+                   for x in (q, k, v, dout)]                         # (B, H, L, D), padded
+            tq, tk, tv = (x.clone().requires_grad_(grad) for x in pad[:3])
+            mask = torch.arange(L)[None, :] < torch.from_numpy(lens)[:, None]
+            tm = mask[:, None, None, :]                              # (B, 1, 1, L) keys
+
+            def t_call() -> object:
+                out = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm)
+                return out.backward(pad[3]) if grad else out
+            fns.append(t_call)
+            names.append("torch")
+        times = dict(zip(names, _time(fns, self.repeats)))
+        flops = (14.0 if grad else 4.0) * H * D * float((lens.astype(np.float64) ** 2).sum())
+        padding = 1 - total / (B * L)
+        row = self._row(f"varlen {B} seqs {lens.min()}..{L}{', fwd+bwd' if grad else ''}, "
+                        f"H={H} D={D}", flops, times, self.threads)
+        row["note"] = f"torch on the batch padded to {L} ({padding:.0%} padding) with a padding mask"
+        self.emit(row)
+        attnx.set_num_threads(0)
+        return row
+
     def backward_memory(self, L: int, H: int, D: int) -> Row:
         """Peak RSS growth of one long-sequence backward, in a fresh process."""
         extra, t, grads = self._rss_growth(
@@ -425,6 +466,9 @@ def run(args: argparse.Namespace) -> int:
         for causal in (False, True):
             rows.append(b.variant(f"{what}{', causal' if causal else ''} L=1024 H=8 D=64", 1024, 8, 64,
                                   {"is_causal": causal}, opts))
+    spread = np.linspace(64, 2048, 16).astype(int)    # ~48% padding when padded to 2048
+    for grad in (False, True):
+        rows.append(b.varlen((spread if not b.quick else spread // 4).tolist(), 8, 64, grad=grad))
     Lw, w = (4096, 256) if b.quick else (16384, 1024)
     for grad in (False, True):
         rows.append(b.variant(f"window ({w}, 0) vs causal, L={Lw} H=8 D=64"
