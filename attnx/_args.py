@@ -439,13 +439,18 @@ class AttentionArgs(NamedTuple):
     ndim: int                               # of query as passed (2: a leading axis was added)
     variants: Variants = NO_VARIANTS
 
-    def astype(self, dtype: type[np.floating[Any]]) -> AttentionArgs:
+    def astype(self, dtype: type[np.floating[Any]], half_kv: bool = False) -> AttentionArgs:
         """q, k, v and a float mask converted to ``dtype`` (float32 for the C
         core, float64 for the reference; no copy where they already are), each
-        with a contiguous, aligned last axis; a broadcast mask stays a view."""
+        with a contiguous, aligned last axis; a broadcast mask stays a view.
+        ``half_kv``: float16 keys and values stay float16 (the forward reads
+        them as such, tile by tile, with no float32 copy)."""
+        kv_dtype: Any = dtype
+        if half_kv and self.k.dtype == np.float16 and self.v.dtype == np.float16:
+            kv_dtype = np.float16
         q = unit_last_stride(self.q.astype(dtype, copy=False))
-        k = unit_last_stride(self.k.astype(dtype, copy=False))
-        v = unit_last_stride(self.v.astype(dtype, copy=False))
+        k = unit_last_stride(self.k.astype(kv_dtype, copy=False))
+        v = unit_last_stride(self.v.astype(kv_dtype, copy=False))
         mask = self.mask
         if mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype:
             mask = astype_broadcast(mask, dtype)

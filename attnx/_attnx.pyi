@@ -11,8 +11,8 @@ from numpy.typing import NDArray
 
 def forward(
     q: NDArray[np.float32],
-    k: NDArray[np.float32],
-    v: NDArray[np.float32],
+    k: NDArray[np.float32] | NDArray[np.float16],
+    v: NDArray[np.float32] | NDArray[np.float16],
     out: NDArray[np.float32],
     weights: NDArray[np.float32] | None,
     mask: NDArray[np.bool_] | NDArray[np.float32] | NDArray[Any] | None,
@@ -29,7 +29,7 @@ def forward(
     and ``lse`` (B, Hq, Lq, 1)).
 
     q (B, Hq, Lq, E), k (B, Hk, Lk, E), v (B, Hk, Lk, Ev): any strides with a
-    unit last stride; out (B, Hq, Lq, Ev) writeable; weights None or
+    unit last stride (k and v both float16: read as half precision, tile by tile); out (B, Hq, Lq, Ev) writeable; weights None or
     C-contiguous (B, Hq, Lq, Lk); mask None or bool/float32 (B, Hq, Lq, Lk)
     with any strides (0 for broadcast axes); lengths None or int64 (B, Hq);
     causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or CAUSAL_LOWER_RIGHT; variant None or

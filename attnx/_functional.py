@@ -300,7 +300,7 @@ def scaled_dot_product_attention(
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                        layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
                        window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
-                       alignment=alignment).astype(np.float32)
+                       alignment=alignment).astype(np.float32, half_kv=True)
     out_shape = p.out_shape
     out = np.empty(p.caller_shape(out_shape), np.float32)
     weights = np.empty(p.scores_shape, np.float32) if need_weights else None

@@ -51,6 +51,12 @@ typedef struct {
     int64_t sb, sh, sl;
 } attnx_tensor;
 
+/* A read-only IEEE binary16 (half) array, laid out as attnx_tensor. */
+typedef struct {
+    const uint16_t *data;
+    int64_t sb, sh, sl;
+} attnx_half_tensor;
+
 /* The same, written by the core. */
 typedef struct {
     float *data;
@@ -118,6 +124,10 @@ typedef struct {
     float softcap;           /* > 0: logit soft-capping (Gemma 2); 0: none */
     attnx_head_values alibi; /* (B, Hq) ALiBi slopes (BLOOM, MPT), or data NULL */
     attnx_head_values sinks; /* (B, Hq) attention-sink logits (gpt-oss), or data NULL */
+    /* Keys and values in half precision (a float16 KV cache), forward only:
+     * when k16.data is set, k16 and v16 are read, tile by tile converted to
+     * float32 in scratch, and k, v are not used. */
+    attnx_half_tensor k16, v16;
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only

@@ -197,3 +197,36 @@ def test_errors_name_the_argument(rng, kw, exc, words):
     q, k, v, _ = problem(rng)
     with pytest.raises(exc, match=words):
         attnx.scaled_dot_product_attention(q, k, v, **kw)
+
+
+# ------------------------------------------------------------ float16 keys and values
+
+@pytest.mark.parametrize("Lq", [1, 3, 70])     # decoding (rows of queries) and whole tiles
+def test_half_keys_and_values_give_the_float32_bits(rng, isa, Lq):
+    """float16 K/V are read as such (converted exactly, tile by tile): the result
+    is the float32 computation on the same values, bit for bit."""
+    q = randn(rng, (2, 4, Lq, 40))
+    k = randn(rng, (2, 2, 600, 40)).astype(np.float16)
+    v = randn(rng, (2, 2, 600, 24)).astype(np.float16)
+    kw = dict(enable_gqa=True, is_causal="lower_right", sinks=[0.0, 1.0, 2.0, 3.0], window=(100, 0))
+    got = attnx.scaled_dot_product_attention(q, k, v, **kw)
+    want = attnx.scaled_dot_product_attention(q, k.astype(np.float32), v.astype(np.float32), **kw)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_half_cache_is_not_copied_to_float32():
+    import tracemalloc
+    cache = attnx.KVCache(1, 8, 4096, 64, dtype=np.float16)
+    rng = np.random.default_rng(0)
+    new = rng.standard_normal((1, 8, 4096, 64)).astype(np.float16)
+    cache.append(new, new)
+    q = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
+    cache.attend(q)
+    tracemalloc.start()
+    out = cache.attend(q)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < cache.k.nbytes // 4, f"attend allocated {peak} bytes (K is {cache.k.nbytes})"
+    want = attnx.reference(q, cache.k.astype(np.float32), cache.v.astype(np.float32),
+                           is_causal="lower_right")
+    np.testing.assert_allclose(out, want, atol=2e-6, rtol=1e-5)

@@ -51,10 +51,11 @@ static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t
     const float *k = at_in(&p->k, b, hk, j0), *v = at_in(&p->v, b, hk, j0);
     const float *q = at_in(&p->q, b, h, i0), *dout = at_in(&g->dout, b, h, i0);
 
-    attnx_score_tile(&bj->run, s->qt, 0, b, h, i0, nq, j0, nk, s->st, s->capped); /* S */
-    kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones);                        /* P */
-    kt->qk(s->dot, BQ, nq, v, p->v.sl, nk, p->Dv, s->dpt);                        /* dP */
-    kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv, at(&g->dv, b, hk, j0),    /* dV += Pᵀ dO */
+    attnx_score_tile(&bj->run, s->qt, 0, k, p->k.sl, b, h, i0, nq, j0, nk, s->st, /* S */
+                     s->capped);
+    kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones);                     /* P */
+    kt->qk(s->dot, BQ, nq, v, p->v.sl, nk, p->Dv, s->dpt);                     /* dP */
+    kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv, at(&g->dv, b, hk, j0), /* dV += Pᵀ dO */
             g->dv.sl);
     kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec); /* dS */
     if (g->dmask) {

@@ -126,6 +126,15 @@ typedef struct {
 
 attnx_run attnx_run_of(const attnx_problem *p); /* plan.c */
 
+/* Rows j0 .. j0+nk-1 of key/value head (b, hk) of the keys (values = 0) or the
+ * values (1), as float32 rows *sl floats apart: the array itself, or, for
+ * half-precision K/V, converted into buf (nk, width) (tile.c). */
+const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk, int64_t j0,
+                           int nk, float *buf, int64_t *sl);
+
+/* Element d of key (values = 0) or value (1) row j of key/value head (b, hk). */
+float attnx_kv_at(const attnx_problem *p, int values, int64_t b, int64_t hk, int64_t j, int64_t d);
+
 /* ---- plans (plan.c) -------------------------------------------------------- */
 typedef struct {
     int threads;
@@ -154,12 +163,14 @@ attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan);
 
 /* ---- scratch (scratch.c) ----------------------------------------------------
  * A forward item's working set, per thread; stays in cache:
- *   qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ) */
+ *   qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ)
+ *   | with half-precision K/V: kbuf (BK, D) | vbuf (BK, Dv) */
 typedef struct {
     float *qt;            /* (D, BQ) packed queries, or (nq, D) rows for qk_dot */
     float *st;            /* (BK, BQ) scores, then probabilities */
     float *acc;           /* (BQ, ldacc) unnormalised output rows */
     float *m, *l, *alpha; /* (BQ) each: running max, sum, rescale factor */
+    float *kbuf, *vbuf;   /* a tile of keys and values converted to float32, or NULL */
 } fwd_scratch;
 
 /* A backward block's working set, per thread:
@@ -202,10 +213,15 @@ void attnx_pack_rows_t(const attnx_kernels *kt, const float *x, int64_t x_sl, in
  * softcap, ALiBi, causal and window, and the mask, for queries i0 .. i0+nq-1
  * of head (b, h) and keys j0 .. j0+nk-1. qt holds the queries packed by
  * attnx_pack_rows_t, or as rows (nq, D) when rows is set (kt->qk_dot, for
- * few queries). capped (nk, BQ), when not NULL and the problem has a
- * softcap: the scores right after the softcap (for its backward). */
-void attnx_score_tile(const attnx_run *r, const float *qt, int rows, int64_t b, int64_t h,
-                      int64_t i0, int nq, int64_t j0, int nk, float *st, float *capped);
+ * few queries); k the tile's key rows (nk, D), k_sl apart. capped (nk, BQ), when not NULL and the
+ * problem has a softcap: the scores right after the softcap (for its backward). */
+void attnx_score_tile(const attnx_run *r, const float *qt, int rows, const float *k, int64_t k_sl,
+                      int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nk, float *st,
+                      float *capped);
+
+/* The steps of attnx_score_tile after the products q·k in st. */
+void attnx_finish_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0,
+                       int nk, float *st, float *capped);
 
 /* The score of query i against key j of head (b, h), every step of
  * attnx_score_tile applied, in scalar code (-inf where it is not allowed). */
@@ -224,9 +240,8 @@ typedef struct {
 typedef struct {
     int64_t b, h, hk, i0, kbeg, kend;
     int rows, nq;
-    float *out;         /* (rows, Dv) rows out.sl apart */
-    float *w;           /* (rows, Lk) C-contiguous, or NULL */
-    const float *k, *v; /* the key/value head's first rows */
+    float *out; /* (rows, Dv) rows out.sl apart */
+    float *w;   /* (rows, Lk) C-contiguous, or NULL */
 } item_view;
 
 item_view attnx_view_item(const fwd_job *jb, int64_t block);

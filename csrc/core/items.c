@@ -31,8 +31,6 @@ item_view attnx_view_item(const fwd_job *jb, int64_t block)
     it.kbeg = min64(keys_begin(&hb, it.i0), it.kend);
     it.out = p->out.data + it.b * p->out.sb + it.h * p->out.sh + it.i0 * p->out.sl;
     it.w = p->weights ? p->weights + ((it.b * p->Hq + it.h) * p->Lq + it.i0) * p->Lk : NULL;
-    it.k = p->k.data + it.b * p->k.sb + it.hk * p->k.sh;
-    it.v = p->v.data + it.b * p->v.sb + it.hk * p->v.sh;
     return it;
 }
 
@@ -84,23 +82,71 @@ static void start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view 
 /* Scores of keys j0 .. j0+nk-1 into s->st. */
 static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0, int nk)
 {
-    attnx_score_tile(&jb->run, s->qt, rows_layout(jb, it->nq), it->b, it->h, it->i0, it->nq, j0, nk,
-                     s->st, NULL);
+    const attnx_problem *p = jb->run.p;
+    if (p->k16.data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
+        const attnx_half_tensor *k = &p->k16;
+        jb->run.kt->qk_dot_half(s->qt, p->D, it->nq,
+                                k->data + it->b * k->sb + it->hk * k->sh + j0 * k->sl, k->sl, nk,
+                                s->st, BQ);
+        attnx_finish_tile(&jb->run, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL);
+        return;
+    }
+    int64_t k_sl;
+    const float *k = attnx_kv_rows(&jb->run, 0, it->b, it->hk, j0, nk, s->kbuf, &k_sl);
+    attnx_score_tile(&jb->run, s->qt, rows_layout(jb, it->nq), k, k_sl, it->b, it->h, it->i0,
+                     it->nq, j0, nk, s->st, NULL);
+}
+
+/* acc = alpha · acc + P · V over the tile's values (alpha NULL: no rescale). */
+static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0,
+                       int nk, const float *alpha)
+{
+    int64_t v_sl;
+    const float *v = attnx_kv_rows(&jb->run, 1, it->b, it->hk, j0, nk, s->vbuf, &v_sl);
+    jb->run.kt->pv(s->st, BQ, it->nq, v, v_sl, nk, jb->run.p->Dv, alpha, s->acc, jb->plan.ldacc);
+}
+
+/* Decoding reads each key and value once, with little arithmetic between
+ * reads: ask for the next tile's rows while this one is computed, so that the
+ * loads stream at the memory's bandwidth instead of waiting on its latency. */
+static void prefetch_rows(const char *row, int64_t row_bytes, int64_t stride_bytes, int nk)
+{
+    for (int j = 0; j < nk; j++)
+        for (int64_t o = 0; o < row_bytes; o += 64)
+            __builtin_prefetch(row + j * stride_bytes + o, 0, 2);
+}
+
+static void prefetch_tile(const attnx_problem *p, const item_view *it, int64_t j0, int nk)
+{
+    if (p->k16.data) {
+        const attnx_half_tensor *k = &p->k16, *v = &p->v16;
+        prefetch_rows((const char *)(k->data + it->b * k->sb + it->hk * k->sh + j0 * k->sl),
+                      2 * p->D, 2 * k->sl, nk);
+        prefetch_rows((const char *)(v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl),
+                      2 * p->Dv, 2 * v->sl, nk);
+        return;
+    }
+    const attnx_tensor *k = &p->k, *v = &p->v;
+    prefetch_rows((const char *)(k->data + it->b * k->sb + it->hk * k->sh + j0 * k->sl), 4 * p->D,
+                  4 * k->sl, nk);
+    prefetch_rows((const char *)(v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl), 4 * p->Dv,
+                  4 * v->sl, nk);
 }
 
 void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
                        int64_t kstop, float *part)
 {
-    const attnx_problem *p = jb->run.p;
     const attnx_kernels *kt = jb->run.kt;
     const int nq = it->nq;
     start_rows(jb, s, it);
+    const int decoding = rows_layout(jb, nq);
     for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
         const int nk = (int)min64(BK, kstop - j0);
+        if (decoding && j0 + BK < kstop)
+            prefetch_tile(jb->run.p, it, j0 + BK, (int)min64(BK, kstop - j0 - BK));
         scores(jb, s, it, j0, nk);
         kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
-        kt->pv(s->st, BQ, nq, it->v + j0 * p->v.sl, p->v.sl, nk, p->Dv, s->alpha, s->acc,
-               jb->plan.ldacc);
+        add_values(jb, s, it, j0, nk, s->alpha);
     }
     if (!part) {
         attnx_fold_sinks(jb, s, it);
@@ -140,8 +186,7 @@ void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view
         kt->softmax_final(s->st, BQ, nq, nk, s->m, s->alpha);
         for (int i = 0; i < nq; i++) /* transpose: contiguous stores, reads in L1 */
             for (int j = 0; j < nk; j++) it->w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
-        kt->pv(s->st, BQ, nq, it->v + j0 * p->v.sl, p->v.sl, nk, p->Dv, NULL, s->acc,
-               jb->plan.ldacc);
+        add_values(jb, s, it, j0, nk, NULL);
     }
     attnx_write_rows(jb, s, it, 0);
     for (int i = 0; i < nq; i++)

@@ -79,8 +79,7 @@ static void repair_row(const attnx_run *r, int64_t b, int64_t h, int64_t i, floa
         if (s == -INFINITY) continue;
         const float w = attnx_expf(s - msub) * inv;
         if (w == 0.0f) continue;
-        const float *v = p->v.data + b * p->v.sb + kv_head(p, h) * p->v.sh + j * p->v.sl;
-        for (int64_t d = 0; d < p->Dv; d++) o[d] += w * v[d];
+        for (int64_t d = 0; d < p->Dv; d++) o[d] += w * attnx_kv_at(p, 1, b, kv_head(p, h), j, d);
     }
 }
 

@@ -63,8 +63,12 @@ void attnx_scratch_give_back(int tid, float *buf)
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_t *floats)
 {
-    return mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, floats) ? ATTNX_OK
-                                                                     : ATTNX_ERR_OVERFLOW;
+    size_t main, kv = 0;
+    if (!mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, &main) ||
+        (p->k16.data && !mul_ok((size_t)p->D + (size_t)p->Dv, BK, &kv)) || main > SIZE_MAX - kv)
+        return ATTNX_ERR_OVERFLOW;
+    *floats = main + kv;
+    return ATTNX_OK;
 }
 
 fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc)
@@ -76,6 +80,11 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
     s.m = s.acc + (size_t)ldacc * BQ;
     s.l = s.m + BQ;
     s.alpha = s.l + BQ;
+    s.kbuf = s.vbuf = NULL;
+    if (p->k16.data) {
+        s.kbuf = s.alpha + BQ;
+        s.vbuf = s.kbuf + (size_t)BK * p->D;
+    }
     return s;
 }
 

@@ -68,16 +68,48 @@ static void mask_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int 
         kt->mask_float(st, BQ, nq, nk, (const float *)m->data + at, m->sq, m->sk);
 }
 
-void attnx_score_tile(const attnx_run *r, const float *qt, int rows, int64_t b, int64_t h,
-                      int64_t i0, int nq, int64_t j0, int nk, float *st, float *capped)
+const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk, int64_t j0,
+                           int nk, float *buf, int64_t *sl)
 {
     const attnx_problem *p = r->p;
-    const head_bounds hb = bounds_of(p, b, h);
-    const float *k = p->k.data + b * p->k.sb + kv_head(p, h) * p->k.sh + j0 * p->k.sl;
+    const int64_t width = values ? p->Dv : p->D;
+    if (p->k16.data) {
+        const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
+        r->kt->half_rows(t->data + b * t->sb + hk * t->sh + j0 * t->sl, t->sl, nk, width, buf);
+        *sl = width;
+        return buf;
+    }
+    const attnx_tensor *t = values ? &p->v : &p->k;
+    *sl = t->sl;
+    return t->data + b * t->sb + hk * t->sh + j0 * t->sl;
+}
+
+float attnx_kv_at(const attnx_problem *p, int values, int64_t b, int64_t hk, int64_t j, int64_t d)
+{
+    if (p->k16.data) {
+        const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
+        return attnx_half_to_float(t->data[b * t->sb + hk * t->sh + j * t->sl + d]);
+    }
+    const attnx_tensor *t = values ? &p->v : &p->k;
+    return t->data[b * t->sb + hk * t->sh + j * t->sl + d];
+}
+
+void attnx_score_tile(const attnx_run *r, const float *qt, int rows, const float *k, int64_t k_sl,
+                      int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nk, float *st,
+                      float *capped)
+{
+    const attnx_problem *p = r->p;
     if (rows)
-        r->kt->qk_dot(qt, p->D, nq, k, p->k.sl, nk, st, BQ);
+        r->kt->qk_dot(qt, p->D, nq, k, k_sl, nk, st, BQ);
     else
-        r->kt->qk(qt, BQ, nq, k, p->k.sl, nk, p->D, st);
+        r->kt->qk(qt, BQ, nq, k, k_sl, nk, p->D, st);
+    attnx_finish_tile(r, b, h, i0, nq, j0, nk, st, capped);
+}
+
+void attnx_finish_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0,
+                       int nk, float *st, float *capped)
+{
+    const head_bounds hb = bounds_of(r->p, b, h);
     shape_scores(r, &hb, b, h, i0, nq, j0, nk, st, capped);
     band_tile(&hb, i0, nq, j0, nk, st);
     mask_tile(r, b, h, i0, nq, j0, nk, st);
@@ -89,9 +121,9 @@ float attnx_score_one(const attnx_run *r, int64_t b, int64_t h, int64_t i, int64
     const head_bounds hb = bounds_of(p, b, h);
     if (j < i + hb.lo || j > i + hb.hi || j >= hb.klen) return -INFINITY;
     const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
-    const float *k = p->k.data + b * p->k.sb + kv_head(p, h) * p->k.sh + j * p->k.sl;
     float s = 0.0f;
-    for (int64_t d = 0; d < p->D; d++) s += r->pre_scale * q[d] * k[d];
+    for (int64_t d = 0; d < p->D; d++)
+        s += r->pre_scale * q[d] * attnx_kv_at(p, 0, b, kv_head(p, h), j, d);
     /* the steps of a tile, on a tile of one score with the scalar kernels */
     const attnx_run one = {.p = p, .kt = &attnx_kernels_scalar, .post_scale = r->post_scale};
     shape_scores(&one, &hb, b, h, i, 1, j, 1, &s, NULL);

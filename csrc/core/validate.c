@@ -45,8 +45,12 @@ static attnx_status check_pointers(const attnx_problem *p, int writes_out, const
     if (writes_out && !p->out.data && p->Dv > 0) return refuse(field, "out.data", ATTNX_ERR_NULL);
     if (!p->q.data && p->D > 0) return refuse(field, "q.data", ATTNX_ERR_NULL);
     if (p->Lk == 0) return ATTNX_OK;
-    if (!p->k.data && p->D > 0) return refuse(field, "k.data", ATTNX_ERR_NULL);
-    if (!p->v.data && p->Dv > 0) return refuse(field, "v.data", ATTNX_ERR_NULL);
+    if (p->k16.data) { /* half-precision keys and values replace k and v */
+        if (!p->v16.data && p->Dv > 0) return refuse(field, "v16.data", ATTNX_ERR_NULL);
+    } else {
+        if (!p->k.data && p->D > 0) return refuse(field, "k.data", ATTNX_ERR_NULL);
+        if (!p->v.data && p->Dv > 0) return refuse(field, "v.data", ATTNX_ERR_NULL);
+    }
     if (p->mask.kind != ATTNX_MASK_NONE && !p->mask.data)
         return refuse(field, "mask.data", ATTNX_ERR_NULL);
     return ATTNX_OK;
@@ -124,5 +128,7 @@ attnx_status attnx_check_grad_problem(const attnx_grad_problem *g, const char **
     if (field) *field = NULL;
     if (!g) return refuse(field, "problem", ATTNX_ERR_NULL);
     const attnx_status st = check(&g->f, 0, field);
-    return st != ATTNX_OK ? st : check_grad_pointers(g, field);
+    if (st != ATTNX_OK) return st;
+    if (g->f.k16.data) return refuse(field, "f.k16", ATTNX_ERR_ARG); /* forward only */
+    return check_grad_pointers(g, field);
 }

@@ -1,15 +1,15 @@
 /* AVX2 + FMA kernels: 8 floats a vector, 16 registers.
  * The instruction set is enabled for this file alone (target pragma), so the
  * rest of the extension runs on any x86-64; dispatch.c calls these only when
- * cpuid reports AVX2 and FMA. */
+ * cpuid reports AVX2, FMA and F16C. */
 #include "kernels/kernels.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #elif defined(__GNUC__)
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 #include <immintrin.h>
 
@@ -36,6 +36,7 @@
 #define V_SEL_LT(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
 #define V_DIV(a, b) _mm256_div_ps(a, b)
 #define V_ANY_NOT_LT(a, b) (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_NLT_UQ)) != 0)
+#define V_LOAD_HALF(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define V_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n)        \
     _mm256_castsi256_ps( \

@@ -6,10 +6,10 @@
 #if defined(__x86_64__) || defined(_M_X64)
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma,f16c"))), \
                              apply_to = function)
 #elif defined(__GNUC__)
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma")
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")
 #endif
 #include <immintrin.h>
 
@@ -36,6 +36,7 @@
 #define V_SEL_LT(a, b, t, f) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), f, t)
 #define V_DIV(a, b) _mm512_div_ps(a, b)
 #define V_ANY_NOT_LT(a, b) (_mm512_cmp_ps_mask(a, b, _CMP_NLT_UQ) != 0)
+#define V_LOAD_HALF(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n)        \
     _mm512_castsi512_ps( \

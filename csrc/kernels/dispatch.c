@@ -26,7 +26,8 @@ static int cpu_has_avx2(void)
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
-    if (!(fma && osxsave && avx)) return 0;
+    const int f16c = (c >> 29) & 1;
+    if (!(fma && osxsave && avx && f16c)) return 0;
     if ((xgetbv0() & 0x6) != 0x6) return 0; /* OS saves XMM and YMM state */
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     return (b >> 5) & 1; /* AVX2 */

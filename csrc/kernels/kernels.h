@@ -122,6 +122,19 @@ typedef struct attnx_kernels {
      * float (exact below 2^24) and the product and difference rounded apart,
      * so every ISA gives the same bits. st: (nk, ldq) */
     void (*alibi)(float *st, int64_t ldq, int nq, int nk, float slope, int64_t c);
+
+    /* Half-precision rows to float32 (exact): dst[j*n + d] = src[j*src_sl + d]
+     * for j < rows, d < n.  src: (rows, n) rows src_sl apart  dst: (rows, n) */
+    void (*half_rows)(const uint16_t *src, int64_t src_sl, int rows, int64_t n, float *dst);
+
+    /* qk_dot and pv for few queries (decoding) over half-precision keys and
+     * values, converted in registers as they are read: the same results, bit
+     * for bit, as qk_dot and pv on the rows converted by half_rows.
+     * k, v: (nk, D) / (nk, Dv) halves, rows k_sl / v_sl apart; nq <= dot_max_nq */
+    void (*qk_dot_half)(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl, int nk,
+                        float *st, int64_t ldq);
+    void (*pv_half)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
+                    int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
 } attnx_kernels;
 
 /* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the
@@ -222,6 +235,25 @@ static inline float attnx_tanhf(float x)
     const float e = attnx_expf(-2.0f * a);
     const float r = (1.0f - e) / (1.0f + e);
     return x < 0.0f ? -r : r;
+}
+
+/* An IEEE binary16 value as float (exact, subnormals, inf and NaN included). */
+static inline float attnx_half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t bits;
+    if (e == 0x1f) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else if (e != 0) {
+        bits = sign | ((e + 112u) << 23) | (m << 13);
+    } else {
+        float f = (float)m * 0x1p-24f; /* subnormal (or zero): exact */
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
 #endif

@@ -13,6 +13,7 @@
  *   V_MAX(x, m)  max that returns m when x is NaN
  *   V_MASK(n) V_LOAD_M(p,mk) V_STORE_M(p,mk,x)   first n lanes
  *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f;  V_SEL_LT(a,b,t,f)  (a < b) ? t : f
+ *   V_LOAD_HALF(p)  W IEEE halves (uint16_t *) as floats
  *   V_DIV(a,b);  V_ANY_NOT_LT(a,b)  nonzero if some lane has !(a < b) (NaN included)
  *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
  *   optional: V_SCALE_ZERO_BELOW(y, n, x, lo)  V_ZERO_BELOW(y * 2^n, x, lo), when
@@ -464,6 +465,108 @@ static void SUFFIX(alibi)(float *st, int64_t ldq, int nq, int nk, float slope, i
         }
 }
 
+/* ---- half-precision rows to float32, W at a time (V_LOAD_HALF) ----------------- */
+// src: (rows, n) rows src_sl apart  dst: (rows, n)
+static void SUFFIX(half_rows)(const uint16_t *src, int64_t src_sl, int rows, int64_t n, float *dst)
+{
+    for (int j = 0; j < rows; j++) {
+        const uint16_t *s = src + j * src_sl;
+        float *d = dst + j * n;
+        int64_t e = 0;
+        for (; e + W <= n; e += W) V_STORE(d + e, V_LOAD_HALF(s + e));
+        for (; e < n; e++) d[e] = attnx_half_to_float(s[e]);
+    }
+}
+
+/* The last D % W halves of a row as a zero-padded vector: the lanes a masked
+ * load of the converted row would give. */
+ATTNX_INLINE VF half_tail(const uint16_t *x, int n)
+{
+    float t[W];
+    for (int l = 0; l < W; l++) t[l] = l < n ? attnx_half_to_float(x[l]) : 0.0f;
+    return V_LOAD(t);
+}
+
+/* qk_dot's steps over half-precision keys, converted as they are loaded. */
+// qr: (nq, D)  k: (nk, D) halves, rows k_sl apart  st: (nk, ldq)
+static void SUFFIX(qk_dot_half)(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl,
+                                int nk, float *st, int64_t ldq)
+{
+    const int64_t dfull = D / W * W;
+    const int tail = (int)(D - dfull);
+    const VMASK mk = V_MASK(tail);
+    int j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        const uint16_t *k0 = k + j * k_sl, *k1 = k0 + k_sl, *k2 = k1 + k_sl, *k3 = k2 + k_sl;
+        for (int i = 0; i < nq; i++) {
+            const float *q = qr + i * D;
+            VF a0 = V_ZERO(), a1 = V_ZERO(), a2 = V_ZERO(), a3 = V_ZERO();
+            for (int64_t d = 0; d < dfull; d += W) {
+                const VF qv = V_LOAD(q + d);
+                a0 = V_FMA(qv, V_LOAD_HALF(k0 + d), a0);
+                a1 = V_FMA(qv, V_LOAD_HALF(k1 + d), a1);
+                a2 = V_FMA(qv, V_LOAD_HALF(k2 + d), a2);
+                a3 = V_FMA(qv, V_LOAD_HALF(k3 + d), a3);
+            }
+            if (tail) {
+                const VF qv = V_LOAD_M(q + dfull, mk);
+                a0 = V_FMA(qv, half_tail(k0 + dfull, tail), a0);
+                a1 = V_FMA(qv, half_tail(k1 + dfull, tail), a1);
+                a2 = V_FMA(qv, half_tail(k2 + dfull, tail), a2);
+                a3 = V_FMA(qv, half_tail(k3 + dfull, tail), a3);
+            }
+            st[j * ldq + i] = V_HSUM(a0);
+            st[(j + 1) * ldq + i] = V_HSUM(a1);
+            st[(j + 2) * ldq + i] = V_HSUM(a2);
+            st[(j + 3) * ldq + i] = V_HSUM(a3);
+        }
+    }
+    for (; j < nk; j++) {
+        const uint16_t *kj = k + j * k_sl;
+        for (int i = 0; i < nq; i++) {
+            const float *q = qr + i * D;
+            VF a0 = V_ZERO();
+            for (int64_t d = 0; d < dfull; d += W)
+                a0 = V_FMA(V_LOAD(q + d), V_LOAD_HALF(kj + d), a0);
+            if (tail) a0 = V_FMA(V_LOAD_M(q + dfull, mk), half_tail(kj + dfull, tail), a0);
+            st[j * ldq + i] = V_HSUM(a0);
+        }
+    }
+}
+
+/* pv's steps for few queries over half-precision values: per vector of Dv,
+ * each query's accumulator stays in a register across the keys. */
+// pt: (nk, ldq)  v: (nk, Dv) halves, rows v_sl apart  acc: (nq, ldacc)
+static void SUFFIX(pv_half)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                            int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    for (int i0 = 0; i0 < nq; i0 += PV_MR) {
+        const int mr = nq - i0 < PV_MR ? nq - i0 : PV_MR;
+        for (int64_t d = 0; d < Dv; d += W) {
+            const int n = Dv - d < W ? (int)(Dv - d) : W;
+            const VMASK mk = V_MASK(n == W ? W : n);
+            VF a[PV_MR];
+            for (int r = 0; r < mr; r++) {
+                float *ar = acc + (i0 + r) * ldacc + d;
+                const VF x = n == W ? V_LOAD(ar) : V_LOAD_M(ar, mk);
+                a[r] = alpha ? V_MUL(x, V_SET1(alpha[i0 + r])) : x;
+            }
+            for (int j = 0; j < nk; j++) {
+                const VF vv =
+                    n == W ? V_LOAD_HALF(v + j * v_sl + d) : half_tail(v + j * v_sl + d, n);
+                for (int r = 0; r < mr; r++) a[r] = V_FMA(V_BCAST(pt + j * ldq + i0 + r), vv, a[r]);
+            }
+            for (int r = 0; r < mr; r++) {
+                float *ar = acc + (i0 + r) * ldacc + d;
+                if (n == W)
+                    V_STORE(ar, a[r]);
+                else
+                    V_STORE_M(ar, mk, a[r]);
+            }
+        }
+    }
+}
+
 const attnx_kernels SUFFIX(attnx_kernels) = {
     .qk = SUFFIX(qk),
     .qk_dot = SUFFIX(qk_dot),
@@ -480,4 +583,7 @@ const attnx_kernels SUFFIX(attnx_kernels) = {
     .softcap = SUFFIX(softcap),
     .softcap_bwd = SUFFIX(softcap_bwd),
     .alibi = SUFFIX(alibi),
+    .half_rows = SUFFIX(half_rows),
+    .qk_dot_half = SUFFIX(qk_dot_half),
+    .pv_half = SUFFIX(pv_half),
 };

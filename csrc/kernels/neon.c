@@ -29,6 +29,7 @@
 #define V_SEL_LT(a, b, t, f) vbslq_f32(vcltq_f32(a, b), t, f)
 #define V_DIV(a, b) vdivq_f32(a, b)
 #define V_ANY_NOT_LT(a, b) (vminvq_u32(vcltq_f32(a, b)) == 0)
+#define V_LOAD_HALF(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
 #define V_ROUND(x) vrndnq_f32(x)
 #define V_POW2(n) \
     vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23))

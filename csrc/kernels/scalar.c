@@ -187,6 +187,41 @@ static void alibi_scalar(float *st, int64_t ldq, int nq, int nk, float slope, in
         }
 }
 
+// src: (rows, n) rows src_sl apart  dst: (rows, n)
+static void half_rows_scalar(const uint16_t *src, int64_t src_sl, int rows, int64_t n, float *dst)
+{
+    for (int j = 0; j < rows; j++)
+        for (int64_t d = 0; d < n; d++) dst[j * n + d] = attnx_half_to_float(src[j * src_sl + d]);
+}
+
+// qr: (nq, D)  k: (nk, D) halves, rows k_sl apart  st: (nk, ldq)
+static void qk_dot_half_scalar(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl,
+                               int nk, float *st, int64_t ldq)
+{
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            float sum = 0.0f;
+            for (int64_t d = 0; d < D; d++)
+                sum += qr[i * D + d] * attnx_half_to_float(k[j * k_sl + d]);
+            st[j * ldq + i] = sum;
+        }
+}
+
+// pt: (nk, ldq)  v: (nk, Dv) halves, rows v_sl apart  acc: (nq, ldacc)
+static void pv_half_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                           int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    for (int i = 0; i < nq; i++) {
+        float *a = acc + i * ldacc;
+        if (alpha)
+            for (int64_t d = 0; d < Dv; d++) a[d] *= alpha[i];
+        for (int j = 0; j < nk; j++) {
+            const float pj = pt[j * ldq + i];
+            for (int64_t d = 0; d < Dv; d++) a[d] += pj * attnx_half_to_float(v[j * v_sl + d]);
+        }
+    }
+}
+
 const attnx_kernels attnx_kernels_scalar = {
     .qk = qk_scalar,
     .qk_dot = qk_dot_scalar,
@@ -203,4 +238,7 @@ const attnx_kernels attnx_kernels_scalar = {
     .softcap = softcap_scalar,
     .softcap_bwd = softcap_bwd_scalar,
     .alibi = alibi_scalar,
+    .half_rows = half_rows_scalar,
+    .qk_dot_half = qk_dot_half_scalar,
+    .pv_half = pv_half_scalar,
 };

@@ -141,18 +141,42 @@ static int fill_out(attnx_out_tensor *t, PyObject *a, const char *name, const np
     return 1;
 }
 
-/* q, k, v: their shapes give the problem's sizes. */
+/* A float16 operand the core reads (keys and values of a half-precision cache). */
+static int fill_in_half(attnx_half_tensor *t, PyObject *a, const char *name,
+                        const npy_intp shape[4])
+{
+    if (!check_type(a, name, "")) return 0;
+    PyArrayObject *x = (PyArrayObject *)a;
+    if (!check_dtype(x, name, NPY_FLOAT16) || !check_shape(x, name, shape)) return 0;
+    if (PyArray_SIZE(x) != 0 && !check_strides(x, name)) return 0;
+    *t = (attnx_half_tensor){
+        .data = PyArray_DATA(x), .sb = estride(a, 0), .sh = estride(a, 1), .sl = estride(a, 2)};
+    return 1;
+}
+
+static int is_half(PyObject *a)
+{
+    return PyArray_Check(a) && PyArray_TYPE((PyArrayObject *)a) == NPY_FLOAT16;
+}
+
+/* q, k, v: their shapes give the problem's sizes. k and v both float16: a
+ * half-precision cache, read as such (forward only). */
 static int fill_qkv(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v)
 {
     const npy_intp any[4] = {-1, -1, -1, -1};
     if (!fill_in(&p->q, q, "q", any)) return 0;
     p->B = dim(q, 0), p->Hq = dim(q, 1), p->Lq = dim(q, 2), p->D = dim(q, 3);
     const npy_intp kshape[4] = {p->B, -1, -1, p->D};
-    if (!fill_in(&p->k, k, "k", kshape)) return 0;
+    const int half = is_half(k) && is_half(v);
+    if (!(half ? fill_in_half(&p->k16, k, "k", kshape) : fill_in(&p->k, k, "k", kshape))) return 0;
     p->Hk = dim(k, 1), p->Lk = dim(k, 2);
     const npy_intp vshape[4] = {p->B, p->Hk, p->Lk, -1};
-    if (!fill_in(&p->v, v, "v", vshape)) return 0;
+    if (!(half ? fill_in_half(&p->v16, v, "v", vshape) : fill_in(&p->v, v, "v", vshape))) return 0;
     p->Dv = dim(v, 3);
+    if (half && !p->k16.data) { /* an empty cache: any non-NULL marks it half */
+        static const uint16_t none = 0;
+        p->k16.data = &none;
+    }
     return 1;
 }
 

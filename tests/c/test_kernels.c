@@ -596,6 +596,64 @@ static void test_score_steps(const char *isa, const attnx_kernels *kt)
     end();
 }
 
+/* ---- half precision: half_rows exact; qk_dot_half and pv_half the same bits
+ * as qk_dot and pv on the converted rows --------------------------------------- */
+
+/* A half with random sign, exponent and mantissa (inf and NaN included). */
+static uint16_t random_half(void) { return (uint16_t)(urand() * 65536.0); }
+
+static void half_case(const attnx_kernels *kt, int nq, int nk, int D)
+{
+    const int64_t sl = D + 3; /* rows further apart than their width */
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(nk * sl));
+    float *f = guarded((size_t)nk * D + 1), *ref = guarded((size_t)nk * D + 1);
+    for (int64_t x = 0; x < nk * sl; x++) /* small finite values for the products */
+        h[x] = (uint16_t)((random_half() & 0x83ffu) | (uint16_t)((12 + (int)(urand() * 6)) << 10));
+    kt->half_rows(h, sl, nk, D, f);
+    attnx_kernels_scalar.half_rows(h, sl, nk, D, ref);
+    cur.cases++;
+    for (int j = 0; j < nk; j++)
+        for (int d = 0; d < D; d++) expect_same(f[j * D + d], ref[j * D + d], "half_rows", j, d);
+    expect(f[nk * D] == GUARD, "half_rows wrote past its rows");
+    float *qr = guarded((size_t)nq * D), *st = guarded((size_t)(nk + 1) * LDQ);
+    float *st2 = guarded((size_t)(nk + 1) * LDQ);
+    for (int x = 0; x < nq * D; x++) qr[x] = nrand();
+    kt->qk_dot_half(qr, D, nq, h, sl, nk, st, LDQ);
+    kt->qk_dot(qr, D, nq, f, D, nk, st2, LDQ);
+    compare_tile(st, st2, nk, nq, 1, NULL, "qk_dot_half");
+    float *acc = guarded((size_t)nq * ATTNX_ROUND16(D)),
+          *acc2 = guarded((size_t)nq * ATTNX_ROUND16(D));
+    float alpha[LDQ];
+    for (int i = 0; i < LDQ; i++) alpha[i] = (float)urand();
+    for (int x = 0; x < nq * ATTNX_ROUND16(D); x++) acc[x] = acc2[x] = nrand();
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < LDQ; i++) st[j * LDQ + i] = (float)urand();
+    kt->pv_half(st, LDQ, nq, h, sl, nk, D, alpha, acc, ATTNX_ROUND16(D));
+    kt->pv(st, LDQ, nq, f, D, nk, D, alpha, acc2, ATTNX_ROUND16(D));
+    for (int i = 0; i < nq; i++)
+        for (int d = 0; d < D; d++)
+            expect_same(acc[i * ATTNX_ROUND16(D) + d], acc2[i * ATTNX_ROUND16(D) + d], "pv_half", i,
+                        d);
+    free(h), free(f), free(ref), free(qr), free(st), free(st2), free(acc), free(acc2);
+}
+
+static void test_half(const char *isa, const attnx_kernels *kt)
+{
+    begin(isa, "half_rows, qk_dot_half, pv_half", "identical");
+    for (int nq = 1; nq <= kt->dot_max_nq; nq++)
+        for (int nk = 1; nk <= 9; nk += 4)
+            for (int D = 1; D <= SMAX; D += 3) half_case(kt, nq, nk, D);
+    if (kt != &attnx_kernels_scalar) /* and the scalar conversion against the hardware's */
+        for (int x = 0; x < 65536; x++) {
+            float a, b;
+            kt->half_rows((const uint16_t[]){(uint16_t)x}, 1, 1, 1, &a);
+            b = attnx_half_to_float((uint16_t)x);
+            cur.cases++;
+            expect_same(a, b, "half", x, 0);
+        }
+    end();
+}
+
 int main(void)
 {
     rng_state = 0x2545F4914F6CDD1Dull; /* this file's seed */
@@ -622,6 +680,7 @@ int main(void)
         test_softmax_bwd(isa, kt);
         test_softcap(isa, kt);
         test_score_steps(isa, kt);
+        test_half(isa, kt);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
     printf("%d passed, %d failed\n", passed, failed);
