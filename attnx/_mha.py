@@ -20,7 +20,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _torch_interop
-from ._args import F32, ArrayInput, Causal, as_array, as_float, check_flag, positive_int, shape_str
+from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, as_float, check_flag,
+                    positive_int, shape_str)
 from ._functional import scaled_dot_product_attention
 from ._grad import scaled_dot_product_attention_vjp
 
@@ -216,28 +217,44 @@ class MultiHeadAttention:
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
                  is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None, need_weights: Literal[False] = False,
+                 query_lengths: Optional[ArrayInput] = None,
+                 window: Window = None, sinks: Optional[ArrayInput] = None,
+                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+                 alignment: Alignment = None,
+                 need_weights: Literal[False] = False,
                  average_weights: bool = False) -> NDArray[np.float32]: ...
 
     @overload
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
                  is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None, need_weights: Literal[True],
+                 query_lengths: Optional[ArrayInput] = None,
+                 window: Window = None, sinks: Optional[ArrayInput] = None,
+                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+                 alignment: Alignment = None,
+                 need_weights: Literal[True],
                  average_weights: bool = False) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
 
     @overload
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
                  is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None, need_weights: bool = False,
+                 query_lengths: Optional[ArrayInput] = None,
+                 window: Window = None, sinks: Optional[ArrayInput] = None,
+                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+                 alignment: Alignment = None,
+                 need_weights: bool = False,
                  average_weights: bool = False,
                  ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]: ...
 
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
                  is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None, need_weights: bool = False,
+                 query_lengths: Optional[ArrayInput] = None,
+                 window: Window = None, sinks: Optional[ArrayInput] = None,
+                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
+                 alignment: Alignment = None,
+                 need_weights: bool = False,
                  average_weights: bool = False,
                  ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]:
         """Attend from ``query`` to ``key``/``value``.
@@ -275,6 +292,9 @@ class MultiHeadAttention:
             attention output is zero, so their result is ``b_o``. For an
             encoder's padding mask (both tokens real) pass the same lengths as
             ``key_lengths`` and ``query_lengths``.
+        window, sinks, softcap, alibi_slopes, alignment : optional
+            The attention variants, as in :func:`attnx.scaled_dot_product_attention`
+            (sinks and slopes per head: (H,) or (B, H)).
         need_weights : bool
             Also return the attention weights.
         average_weights : bool
@@ -304,7 +324,9 @@ class MultiHeadAttention:
         q, k, v = self._project(q_in, k_in, v_in)
         res = scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
-            key_lengths=key_lengths, query_lengths=query_lengths, need_weights=need_weights)
+            key_lengths=key_lengths, query_lengths=query_lengths, window=window, sinks=sinks,
+            softcap=softcap, alibi_slopes=alibi_slopes, alignment=alignment,
+            need_weights=need_weights)
         z, w = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
         out = self._output(z)
         if unbatched:
@@ -413,7 +435,9 @@ class MultiHeadAttention:
     def vjp(self, query: ArrayInput, key: Optional[ArrayInput] = None,
             value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
             is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-            query_lengths: Optional[ArrayInput] = None,
+            query_lengths: Optional[ArrayInput] = None, window: Window = None,
+            sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
+            alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
             ) -> Tuple[NDArray[np.float32], Callable[[ArrayInput], Dict[str, NDArray[np.float32]]]]:
         """The layer's output and a function of its cotangent, for training.
 
@@ -421,8 +445,8 @@ class MultiHeadAttention:
         ``(out, vjp)``; ``vjp(dout)``, ``dout`` shaped like ``out``, returns a
         dict of float32 gradients: ``"query"`` (and ``"key"``, ``"value"`` when
         they were passed; an input that defaulted to another adds into that
-        one's gradient) and one entry per array of :meth:`parameters`, under
-        the same names. The attention's backward is attnx's fused kernel; the
+        one's gradient), one entry per array of :meth:`parameters`, under
+        the same names, and ``"sinks"`` when sinks were passed. The attention's backward is attnx's fused kernel; the
         projections' are NumPy matmuls.
 
         Example
@@ -441,7 +465,8 @@ class MultiHeadAttention:
         q, k, v = self._project(q_in, k_in, v_in)
         z, attn_vjp = scaled_dot_product_attention_vjp(
             q, k, v, attn_mask=mask, is_causal=is_causal, layout="blhd",
-            key_lengths=key_lengths, query_lengths=query_lengths)
+            key_lengths=key_lengths, query_lengths=query_lengths, window=window, sinks=sinks,
+            softcap=softcap, alibi_slopes=alibi_slopes, alignment=alignment)
         out = self._output(z)
 
         def vjp(dout: ArrayInput) -> Dict[str, F32]:
@@ -455,6 +480,8 @@ class MultiHeadAttention:
             dx = {n: self._projection_grads(n, x, gp, g)
                   for n, x, gp in (("q", q_in, ga.query), ("k", k_in, ga.key), ("v", v_in, ga.value))}
             g.update(_input_grads(dx, key is None, value is None, unbatched))
+            if ga.sinks is not None:
+                g["sinks"] = ga.sinks
             return {n: a.astype(np.float32, copy=False) for n, a in g.items()}
 
         return (out[0] if unbatched else out), vjp

@@ -230,3 +230,29 @@ def test_half_cache_is_not_copied_to_float32():
     want = attnx.reference(q, cache.k.astype(np.float32), cache.v.astype(np.float32),
                            is_causal="lower_right")
     np.testing.assert_allclose(out, want, atol=2e-6, rtol=1e-5)
+
+
+def test_multihead_attention_takes_the_variants(rng):
+    """The layer passes the variants on: its output equals the attention of its own
+    projections with them, and the sinks' gradient matches central differences."""
+    mha = attnx.MultiHeadAttention(20, 4, seed=0)
+    x = randn(rng, (2, 9, 20))
+    kw = dict(window=(2, 1), softcap=5.0, alibi_slopes=[0.5, 0.25, 0.1, 0.0])
+    sinks = np.array([0.0, 1.0, 2.0, 3.0])
+    heads = [(x @ W + b).reshape(2, 9, 4, 5) for W, b in ((mha.W_q, mha.b_q), (mha.W_k, mha.b_k),
+                                                        (mha.W_v, mha.b_v))]
+    z = attnx.reference(*heads, layout="blhd", sinks=sinks, **kw)
+    want = z.reshape(2, 9, 20) @ mha.W_o + mha.b_o
+    np.testing.assert_allclose(mha(x, sinks=sinks, **kw), want, atol=2e-5, rtol=1e-5)
+    out, vjp = mha.vjp(x, sinks=sinks, **kw)
+    dout = randn(rng, out.shape)
+    g = vjp(dout)
+    eps = 1e-3
+    for h in range(4):
+        up, down = sinks.copy(), sinks.copy()
+        up[h] += eps
+        down[h] -= eps
+        num = ((attnx.reference(*heads, layout="blhd", sinks=up, **kw)
+                - attnx.reference(*heads, layout="blhd", sinks=down, **kw)).reshape(2, 9, 20)
+               @ mha.W_o * dout).sum() / (2 * eps)
+        assert abs(g["sinks"][h] - num) <= 1e-4 * max(1.0, abs(num)), (h, g["sinks"][h], num)
