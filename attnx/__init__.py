@@ -128,9 +128,10 @@ def set_num_threads(n: int) -> None:
 
 
 def __getattr__(name: str) -> object:
-    """``attnx.torch`` imports on first use (it imports torch; ``import attnx`` does not)."""
-    if name == "torch":
+    """``attnx.torch``, ``attnx.dask`` and ``attnx.integrations`` import on first
+    use (they import torch, dask, transformers; ``import attnx`` does not)."""
+    if name in ("torch", "dask", "integrations"):
         import importlib
 
-        return importlib.import_module(".torch", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'attnx' has no attribute {name!r}")

@@ -405,6 +405,58 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
+    def transformers_decoder(self, L: int, new_tokens: int) -> List[Row]:
+        """A small Llama-style decoder (random weights, 4 layers, d_model 512, 8
+        query heads, 2 key/value heads) with attn_implementation "attnx",
+        "sdpa" and "eager": the prefill of L tokens, and the time per token of
+        greedy decoding (generate() of new_tokens tokens minus the prefill)."""
+        torch = self.torch
+        try:
+            import transformers
+        except ImportError:
+            return []
+        from .integrations import transformers as hf
+        hf.register()
+        torch.set_num_threads(self.threads)
+        self.attnx.set_num_threads(self.threads)
+        config = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1376,
+                                          num_hidden_layers=4, num_attention_heads=8,
+                                          num_key_value_heads=2, max_position_embeddings=4096)
+        models = {}
+        for impl in ("attnx", "sdpa", "eager"):
+            torch.manual_seed(0)
+            m: Any = transformers.LlamaForCausalLM(config.__class__(**config.to_dict()))
+            m.eval()
+            m.set_attn_implementation(impl)
+            models[impl] = m
+        ids = torch.randint(0, 1000, (1, L), generator=torch.Generator().manual_seed(0))
+
+        def prefill(m: Any) -> Callable[[], object]:
+            def run() -> object:
+                with torch.no_grad():
+                    return m(input_ids=ids)
+            return run
+
+        def generate(m: Any) -> Callable[[], object]:
+            return lambda: m.generate(input_ids=ids, max_new_tokens=new_tokens,
+                                      min_new_tokens=new_tokens, do_sample=False)
+        names = list(models)
+        t_pre = dict(zip(names, _time([prefill(models[n]) for n in names], self.repeats)))
+        t_gen = dict(zip(names, _time([generate(models[n]) for n in names], self.repeats)))
+        rows: List[Row] = []
+        for what, times in (("prefill", t_pre),
+                            ("decode, per token", {n: max(t_gen[n] - t_pre[n], 0.0) / (new_tokens - 1)
+                                                   for n in names})):
+            row: Row = {"case": f"Llama-style decoder {what}, L={L}", "threads": self.threads,
+                        "attnx_s": times["attnx"], "sdpa_s": times["sdpa"],
+                        "eager_s": times["eager"], "vs_torch": times["sdpa"] / times["attnx"],
+                        "note": f"attnx {1e3 * times['attnx']:.1f} ms, sdpa "
+                                f"{1e3 * times['sdpa']:.1f} ms, eager {1e3 * times['eager']:.1f} ms"}
+            self.emit(row)
+            rows.append(row)
+        self.attnx.set_num_threads(0)
+        return rows
+
     def backward_memory(self, L: int, H: int, D: int) -> Row:
         """Peak RSS growth of one long-sequence backward, in a fresh process."""
         extra, t, grads = self._rss_growth(
@@ -457,6 +509,8 @@ def run(args: argparse.Namespace) -> int:
     rows.append(b.backward("  same, causal backward only", 1, 8, 1024, 64, step=False,
                            causal=True))
     rows.append(b.mha_step(8, 256, 512, 8))
+    if b.torch:
+        rows.extend(b.transformers_decoder(256 if b.quick else 1024, 9 if b.quick else 33))
     if not b.quick:
         rows.append(b.backward_memory(16384, 8, 64))
     # the variants: each against the same call without it

@@ -256,3 +256,29 @@ def test_multihead_attention_takes_the_variants(rng):
                 - attnx.reference(*heads, layout="blhd", sinks=down, **kw)).reshape(2, 9, 20)
                @ mha.W_o * dout).sum() / (2 * eps)
         assert abs(g["sinks"][h] - num) <= 1e-4 * max(1.0, abs(num)), (h, g["sinks"][h], num)
+
+
+# ------------------------------------------------- grouped-query decoding, packed
+
+@pytest.mark.parametrize("kw", [{}, {"is_causal": "lower_right"}, {"key_lengths": [900, 300]},
+                                {"layout": "blhd"}, {"softcap": 3.0}, {"return_lse": True}])
+def test_gqa_decoding_packed_per_group_matches(rng, isa, kw):
+    """One query per head, 4 query heads per key/value head: computed as one problem
+    per key/value head (each key read once); the same as the unpacked computation
+    (need_weights takes the unpacked path) and as the float64 reference."""
+    q = randn(rng, (2, 8, 1, 32))
+    k, v = randn(rng, (2, 2, 1000, 32)), randn(rng, (2, 2, 1000, 32))
+    if kw.get("layout") == "blhd":
+        q, k, v = (np.ascontiguousarray(a.swapaxes(1, 2)) for a in (q, k, v))
+    got = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+    unpacked, _ = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, need_weights=True,
+                                                     **{n: x for n, x in kw.items() if n != "return_lse"})
+    if kw.get("return_lse"):
+        got, lse = got
+        ref_lse = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, need_weights=True,
+                                                     return_lse=True)[2]     # unpacked
+        np.testing.assert_allclose(lse, ref_lse, rtol=1e-6)
+        assert lse.shape == (2, 8, 1)
+    np.testing.assert_allclose(got, unpacked, atol=1e-6, rtol=1e-6)
+    ref = attnx.reference(q, k, v, enable_gqa=True, **{n: x for n, x in kw.items() if n != "return_lse"})
+    np.testing.assert_allclose(got, ref, atol=2e-6, rtol=1e-5)

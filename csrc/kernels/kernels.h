@@ -127,14 +127,11 @@ typedef struct attnx_kernels {
      * for j < rows, d < n.  src: (rows, n) rows src_sl apart  dst: (rows, n) */
     void (*half_rows)(const uint16_t *src, int64_t src_sl, int rows, int64_t n, float *dst);
 
-    /* qk_dot and pv for few queries (decoding) over half-precision keys and
-     * values, converted in registers as they are read: the same results, bit
-     * for bit, as qk_dot and pv on the rows converted by half_rows.
-     * k, v: (nk, D) / (nk, Dv) halves, rows k_sl / v_sl apart; nq <= dot_max_nq */
+    /* qk_dot for few queries (decoding) over half-precision keys, converted in
+     * registers as they are read: the same results, bit for bit, as qk_dot on
+     * the rows converted by half_rows.  k: (nk, D) halves, rows k_sl apart */
     void (*qk_dot_half)(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl, int nk,
                         float *st, int64_t ldq);
-    void (*pv_half)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
-                    int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
 } attnx_kernels;
 
 /* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the

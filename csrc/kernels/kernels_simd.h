@@ -534,39 +534,6 @@ static void SUFFIX(qk_dot_half)(const float *qr, int64_t D, int nq, const uint16
     }
 }
 
-/* pv's steps for few queries over half-precision values: per vector of Dv,
- * each query's accumulator stays in a register across the keys. */
-// pt: (nk, ldq)  v: (nk, Dv) halves, rows v_sl apart  acc: (nq, ldacc)
-static void SUFFIX(pv_half)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
-                            int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
-{
-    for (int i0 = 0; i0 < nq; i0 += PV_MR) {
-        const int mr = nq - i0 < PV_MR ? nq - i0 : PV_MR;
-        for (int64_t d = 0; d < Dv; d += W) {
-            const int n = Dv - d < W ? (int)(Dv - d) : W;
-            const VMASK mk = V_MASK(n == W ? W : n);
-            VF a[PV_MR];
-            for (int r = 0; r < mr; r++) {
-                float *ar = acc + (i0 + r) * ldacc + d;
-                const VF x = n == W ? V_LOAD(ar) : V_LOAD_M(ar, mk);
-                a[r] = alpha ? V_MUL(x, V_SET1(alpha[i0 + r])) : x;
-            }
-            for (int j = 0; j < nk; j++) {
-                const VF vv =
-                    n == W ? V_LOAD_HALF(v + j * v_sl + d) : half_tail(v + j * v_sl + d, n);
-                for (int r = 0; r < mr; r++) a[r] = V_FMA(V_BCAST(pt + j * ldq + i0 + r), vv, a[r]);
-            }
-            for (int r = 0; r < mr; r++) {
-                float *ar = acc + (i0 + r) * ldacc + d;
-                if (n == W)
-                    V_STORE(ar, a[r]);
-                else
-                    V_STORE_M(ar, mk, a[r]);
-            }
-        }
-    }
-}
-
 const attnx_kernels SUFFIX(attnx_kernels) = {
     .qk = SUFFIX(qk),
     .qk_dot = SUFFIX(qk_dot),
@@ -585,5 +552,4 @@ const attnx_kernels SUFFIX(attnx_kernels) = {
     .alibi = SUFFIX(alibi),
     .half_rows = SUFFIX(half_rows),
     .qk_dot_half = SUFFIX(qk_dot_half),
-    .pv_half = SUFFIX(pv_half),
 };

@@ -1,0 +1,1 @@
+"""attnx inside other libraries: ``attnx.integrations.transformers`` (Hugging Face)."""

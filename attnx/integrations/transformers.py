@@ -1,0 +1,100 @@
+"""attnx as an attention implementation of Hugging Face transformers.
+
+    import attnx.integrations.transformers
+    attnx.integrations.transformers.register()          # once
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="attnx")
+    # or, for a model already loaded: model.set_attn_implementation("attnx")
+
+:func:`register` adds attnx's attention function to transformers'
+``AttentionInterface`` and the boolean masks of ``"sdpa"`` to its
+``AttentionMaskInterface`` under the same name, so models build the masks
+attnx understands (True = may attend, the convention of both). The function
+computes on CPU tensors through :func:`attnx.torch.scaled_dot_product_attention`,
+so gradients flow (training, fine-tuning) to the queries, keys, values, a float
+mask and the sinks. What models pass is handled: padding masks (bool and
+additive float, 4-D), causal decoders with a KV cache (``generate()``), GQA,
+``scaling``, ``softcap`` (Gemma 2), ``s_aux`` sinks (gpt-oss), sliding windows
+(in the mask transformers builds), ``position_bias`` (T5-style, added to the
+scores). Dropout must be 0 while training (attnx has no dropout).
+transformers and torch are imported only here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+
+from ..torch import scaled_dot_product_attention as _attention
+
+__all__ = ["register", "attention_forward", "NAME"]
+
+NAME = "attnx"
+
+
+def _mask_with_bias(mask: Optional[torch.Tensor], bias: torch.Tensor, causal: bool,
+                    q_len: int, kv_len: int) -> torch.Tensor:
+    """A position bias (B or 1, H, Lq, Lk) and the mask as one additive float mask."""
+    if mask is None:
+        if not causal:
+            return bias
+        keep = torch.ones(q_len, kv_len, dtype=torch.bool, device=bias.device).tril()
+        return bias.masked_fill(~keep, float("-inf"))
+    if mask.dtype == torch.bool:
+        return bias.masked_fill(~mask, float("-inf"))
+    return bias + mask
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                      dropout: float = 0.0, scaling: Optional[float] = None,
+                      is_causal: Optional[bool] = None, softcap: Optional[float] = None,
+                      s_aux: Optional[torch.Tensor] = None,
+                      position_bias: Optional[torch.Tensor] = None,
+                      **kwargs: Any) -> Tuple[torch.Tensor, None]:
+    """transformers' attention function signature, computed by attnx.
+
+    query (B, Hq, Lq, D), key (B, Hk, Lk, D), value (B, Hk, Lk, Dv) (Hq a
+    multiple of Hk); attention_mask None, bool (True = may attend) or additive
+    float, broadcastable to (B, Hq, Lq, Lk). Returns the output as transformers
+    wants it, (B, Lq, Hq, Dv) contiguous, and None for the weights.
+    """
+    if dropout and module.training:
+        raise ValueError(f"attnx has no attention dropout: the model's attention dropout is "
+                         f"{dropout} in training mode; set it to 0.0 in the config (or call "
+                         f"model.eval()) to use attn_implementation='attnx'")
+    if kwargs.get("output_attentions"):
+        raise ValueError("attnx does not return attention weights to transformers; use "
+                         "attn_implementation='eager' for output_attentions=True")
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    # As "sdpa": without a mask, a causal module's prefill is upper-left causal
+    # (keys past the queries belong to an empty static cache), and one query
+    # (decoding) sees every key.
+    causal = causal and q_len > 1 and attention_mask is None
+    if causal and kv_len > q_len:
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+        if position_bias is not None:
+            position_bias = position_bias[..., :q_len]
+        kv_len = q_len
+    if position_bias is not None:
+        attention_mask = _mask_with_bias(attention_mask, position_bias, causal, q_len, kv_len)
+        causal = False
+    out = _attention(query, key, value, attn_mask=attention_mask, is_causal=causal,
+                     scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
+                     softcap=softcap if softcap else None, sinks=s_aux)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = NAME) -> str:
+    """Register attnx with transformers under ``name`` (default "attnx").
+
+    After this, ``attn_implementation="attnx"`` works in ``from_pretrained``,
+    ``from_config`` and ``model.set_attn_implementation``. Returns the name.
+    Calling it again is harmless.
+    """
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name

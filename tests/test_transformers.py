@@ -1,0 +1,138 @@
+"""attn_implementation="attnx" in Hugging Face transformers models built from
+small configs with random weights (nothing is downloaded): the same hidden
+states as the models' own "sdpa" (or "eager", where sdpa cannot express the
+model: softcap, sinks), the same greedy generate() tokens, the same gradients."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import attnx.integrations.transformers as hf  # noqa: E402
+
+hf.register()
+
+
+def configs():
+    T = transformers
+    return {
+        "bert": (T.BertModel, T.BertConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=96, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0), "sdpa"),
+        "llama_gqa": (T.LlamaForCausalLM, T.LlamaConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=96), "sdpa"),
+        "qwen2_gqa": (T.Qwen2ForCausalLM, T.Qwen2Config(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=1, intermediate_size=96), "sdpa"),
+        "gemma2_softcap_window": (T.Gemma2ForCausalLM, T.Gemma2Config(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, intermediate_size=96, sliding_window=6,
+            attn_logit_softcapping=2.0, final_logit_softcapping=None, initializer_range=0.5), "eager"),
+        "gpt_oss_sinks": (T.GptOssForCausalLM, T.GptOssConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=4,
+            num_experts_per_tok=2, sliding_window=6, experts_implementation="eager"), "eager"),
+    }
+
+
+def build(name, impl):
+    cls, config, _ = configs()[name]
+    torch.manual_seed(0)
+    model = cls(copy.deepcopy(config))     # each model its own config: the implementation is set there
+    model.eval()
+    model.set_attn_implementation(impl)
+    assert model.config._attn_implementation == impl
+    return model
+
+
+def inputs(padding="left"):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 100, (2, 17), generator=g)
+    mask = torch.ones(2, 17, dtype=torch.long)
+    if padding == "left":                   # as generate() batches are padded
+        mask[1, :5] = 0
+    else:                                   # no query row without a key: no NaN in float64 eager
+        mask[1, -5:] = 0
+    return ids, mask
+
+
+def result(out):
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+
+
+@pytest.mark.parametrize("name", list(configs()))
+def test_forward_matches_the_models_own_attention(name):
+    ids, mask = inputs()
+    ours, theirs = build(name, "attnx"), build(name, configs()[name][2])
+    calls = []
+    original = hf.attention_forward
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    transformers.AttentionInterface.register("attnx", counting)
+    try:
+        with torch.no_grad():
+            a, b = result(ours(input_ids=ids, attention_mask=mask)), result(theirs(input_ids=ids, attention_mask=mask))
+    finally:
+        hf.register()
+    assert calls, "attnx's attention function was not called"
+    real = mask.bool()
+    err = (a - b)[real].abs().max() / b[real].abs().max()
+    assert err < 1e-5, f"{name}: relative difference {float(err):.2e}"
+
+
+@pytest.mark.parametrize("name", [n for n in configs() if n != "bert"])
+def test_greedy_generate_gives_the_same_tokens(name):
+    ids, mask = inputs()
+    ours, theirs = build(name, "attnx"), build(name, configs()[name][2])
+    a = ours.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+    b = theirs.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+    assert torch.equal(a, b)
+
+
+def parameter_grads(name, impl, dtype=torch.float32):
+    ids, mask = inputs("right")
+    model = build(name, impl).to(dtype)
+    out = result(model(input_ids=ids, attention_mask=mask))
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    loss = (out * w.to(dtype) * mask[..., None]).sum()        # a random upstream gradient
+    loss.backward()
+    return {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", list(configs()))
+def test_gradients_match(name):
+    """Every parameter's gradient, attnx against the model's own float32 attention,
+    both measured against the same model run in float64 ("eager"): attnx's error
+    is within PyTorch's float32 tolerance of the exact gradient, or no larger
+    than that of the model's own attention (two layers of float32 arithmetic
+    around the attention add their own rounding)."""
+    ours, theirs = parameter_grads(name, "attnx"), parameter_grads(name, configs()[name][2])
+    exact = parameter_grads(name, "eager", torch.float64)
+    assert ours.keys() == theirs.keys() == exact.keys() and ours
+    if name == "gpt_oss_sinks":
+        assert any("sinks" in n and ours[n].abs().max() > 0 for n in ours), "the sinks got no gradient"
+    for n, g in exact.items():
+        err, ref_err = (ours[n] - g).abs(), (theirs[n] - g).abs()
+        tol = 1e-5 + 1.3e-6 * g.abs()                 # torch.testing's float32 defaults
+        ok = (err <= tol) | (err <= 2 * ref_err.max() + tol)
+        assert bool(ok.all()), (f"{n}: attnx off by {float(err.max()):.2e}, the model's own "
+                                f"attention by {float(ref_err.max()):.2e}")
+
+
+def test_training_with_attention_dropout_is_refused():
+    cls, config, _ = configs()["llama_gqa"]
+    config = copy.deepcopy(config)
+    config.attention_dropout = 0.1
+    model = cls(config)
+    model.set_attn_implementation("attnx")
+    model.train()
+    ids, mask = inputs()
+    with pytest.raises(ValueError, match="dropout"):
+        model(input_ids=ids, attention_mask=mask)
+    model.eval()                              # no dropout at inference: fine
+    model(input_ids=ids, attention_mask=mask)
