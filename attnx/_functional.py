@@ -45,6 +45,8 @@ def _fold_batch(a: NDArray[Any], nb: int) -> Optional[NDArray[Any]]:
     """A view of ``a`` with its first ``nb`` axes folded into one, or None when
     that needs a copy (e.g. a mask broadcast along one batch axis but not
     another). ``nb = 0`` adds an axis of size 1."""
+    if nb == 1:
+        return a                          # (B, ...) already: the common 4-D call
     B = math.prod(a.shape[:nb])
     if a.size == 0:
         return a.reshape((B,) + a.shape[nb:])
