@@ -1,7 +1,9 @@
 /* Plain C test of the attnx core's forward pass, no Python: every
  * instruction set this build and CPU can run against a naive double-precision
  * attention, on random problems with masks, causal modes, lengths, GQA, odd
- * sizes and strided views; the error codes; attnx_expf against exp.
+ * sizes, strided views and the variants (window, softcap, ALiBi, sinks),
+ * and the backward against the naive gradients for the smaller ones; the
+ * error codes; attnx_expf against exp.
  *
  *   tests/c/run.sh [cc] [cases]     (builds the core from csrc/sources.txt)
  *
@@ -17,51 +19,132 @@
 
 static int64_t irand(int64_t n) { return (int64_t)(urand() * (double)n); }
 
+/* The diagonal's shift d(i) - i of causal, the window and ALiBi. */
+static int64_t offset_of(const attnx_problem *p)
+{
+    const int lr = p->causal == ATTNX_CAUSAL_LOWER_RIGHT ||
+                   (p->causal == ATTNX_CAUSAL_NONE && p->align == ATTNX_ALIGN_LOWER_RIGHT);
+    return lr ? p->Lk - p->Lq : 0;
+}
+
+/* Row i of head (b, h) in double, every step of attnx.h's list: the
+ * probabilities pr[j] (the sink in the denominator) and, with a softcap,
+ * t[j] = tanh(s/softcap). Returns 0 for a row that attends to nothing. */
+static int naive_row(const attnx_problem *p, int64_t b, int64_t h, int64_t i, double *pr, double *t)
+{
+    const int64_t hk = h / (p->Hq / p->Hk), d0 = i + offset_of(p);
+    const attnx_lengths *kls = &p->key_lengths, *qls = &p->query_lengths;
+    const int64_t kl = kls->data ? kls->data[b * kls->sb + h * kls->sh] : p->Lk;
+    const int64_t ql = qls->data ? qls->data[b * qls->sb + h * qls->sh] : p->Lq;
+    if (i >= ql) return 0;
+    const attnx_mask *m = &p->mask;
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < p->Lk; j++) {
+        int ok = j < kl;
+        if (p->causal != ATTNX_CAUSAL_NONE) ok &= j <= d0;
+        if (p->window.on && p->window.left >= 0) ok &= j >= d0 - p->window.left;
+        if (p->window.on && p->window.right >= 0) ok &= j <= d0 + p->window.right;
+        const int64_t mo = b * m->sb + h * m->sh + i * m->sq + j * m->sk;
+        if (m->kind == ATTNX_MASK_BOOL) ok &= ((const unsigned char *)m->data)[mo] != 0;
+        double x = 0.0;
+        const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
+        const float *k = p->k.data + b * p->k.sb + hk * p->k.sh + j * p->k.sl;
+        for (int64_t d = 0; d < p->D; d++) x += (double)q[d] * k[d];
+        x *= p->scale;
+        t[j] = 0.0;
+        if (p->softcap > 0.0f) {
+            t[j] = tanh(x / p->softcap);
+            x = p->softcap * t[j];
+        }
+        if (p->alibi.data)
+            x -= p->alibi.data[b * p->alibi.sb + h * p->alibi.sh] * fabs((double)(d0 - j));
+        if (m->kind == ATTNX_MASK_FLOAT) x += ((const float *)m->data)[mo];
+        pr[j] = ok ? x : -INFINITY;
+        if (pr[j] > mx) mx = pr[j];
+    }
+    if (mx == -INFINITY) return 0;
+    double sum = 0.0;
+    for (int64_t j = 0; j < p->Lk; j++) sum += (pr[j] = exp(pr[j] - mx));
+    if (p->sinks.data) sum += exp(p->sinks.data[b * p->sinks.sb + h * p->sinks.sh] - mx);
+    for (int64_t j = 0; j < p->Lk; j++) pr[j] /= sum;
+    return 1;
+}
+
 /* Naive attention in double: out (B, Hq, Lq, Dv), contiguous. */
 static void naive(const attnx_problem *p, double *out)
 {
-    double *s = malloc(sizeof(double) * (size_t)(p->Lk + 1));
+    double *pr = malloc(sizeof(double) * (size_t)(p->Lk + 1));
+    double *t = malloc(sizeof(double) * (size_t)(p->Lk + 1));
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t h = 0; h < p->Hq; h++) {
             const int64_t hk = h / (p->Hq / p->Hk);
-            const attnx_lengths *kls = &p->key_lengths, *qls = &p->query_lengths;
-            const int64_t kl = kls->data ? kls->data[b * kls->sb + h * kls->sh] : p->Lk;
-            const int64_t ql = qls->data ? qls->data[b * qls->sb + h * qls->sh] : p->Lq;
             for (int64_t i = 0; i < p->Lq; i++) {
                 double *o = out + ((b * p->Hq + h) * p->Lq + i) * p->Dv;
                 for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0;
-                if (i >= ql) continue;
-                double mx = -INFINITY;
+                if (!naive_row(p, b, h, i, pr, t)) continue;
                 for (int64_t j = 0; j < p->Lk; j++) {
-                    int ok = j < kl;
-                    if (p->causal == ATTNX_CAUSAL_UPPER_LEFT) ok &= j <= i;
-                    if (p->causal == ATTNX_CAUSAL_LOWER_RIGHT) ok &= j <= i + p->Lk - p->Lq;
-                    const attnx_mask *m = &p->mask;
-                    const int64_t mo = b * m->sb + h * m->sh + i * m->sq + j * m->sk;
-                    if (m->kind == ATTNX_MASK_BOOL) ok &= ((const unsigned char *)m->data)[mo] != 0;
-                    double x = -INFINITY;
-                    if (ok) {
-                        x = 0.0;
-                        const float *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
-                        const float *k = p->k.data + b * p->k.sb + hk * p->k.sh + j * p->k.sl;
-                        for (int64_t d = 0; d < p->D; d++) x += (double)q[d] * k[d];
-                        x *= p->scale;
-                        if (m->kind == ATTNX_MASK_FLOAT) x += ((const float *)m->data)[mo];
-                    }
-                    s[j] = x;
-                    if (x > mx) mx = x;
-                }
-                if (mx == -INFINITY) continue;
-                double sum = 0.0;
-                for (int64_t j = 0; j < p->Lk; j++) sum += (s[j] = exp(s[j] - mx));
-                for (int64_t j = 0; j < p->Lk; j++) {
-                    if (s[j] == 0.0) continue;
+                    if (pr[j] == 0.0) continue;
                     const float *v = p->v.data + b * p->v.sb + hk * p->v.sh + j * p->v.sl;
-                    for (int64_t d = 0; d < p->Dv; d++) o[d] += s[j] / sum * v[d];
+                    for (int64_t d = 0; d < p->Dv; d++) o[d] += pr[j] * v[d];
                 }
             }
         }
-    free(s);
+    free(pr);
+    free(t);
+}
+
+/* Its gradients for dout (B, Hq, Lq, Dv) contiguous: dq (B, Hq, Lq, D),
+ * dk (B, Hk, Lk, D), dv (B, Hk, Lk, Dv), contiguous, zeroed here. */
+static void naive_backward(const attnx_problem *p, const double *out, const float *dout, double *dq,
+                           double *dk, double *dv)
+{
+    double *pr = malloc(sizeof(double) * (size_t)(p->Lk + 1));
+    double *t = malloc(sizeof(double) * (size_t)(p->Lk + 1));
+    memset(dq, 0, sizeof(double) * (size_t)(p->B * p->Hq * p->Lq * p->D));
+    memset(dk, 0, sizeof(double) * (size_t)(p->B * p->Hk * p->Lk * p->D));
+    memset(dv, 0, sizeof(double) * (size_t)(p->B * p->Hk * p->Lk * p->Dv));
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->Hq; h++) {
+            const int64_t hk = h / (p->Hq / p->Hk);
+            for (int64_t i = 0; i < p->Lq; i++) {
+                if (!naive_row(p, b, h, i, pr, t)) continue;
+                const int64_t row = (b * p->Hq + h) * p->Lq + i;
+                const float *g = dout + row * p->Dv,
+                            *q = p->q.data + b * p->q.sb + h * p->q.sh + i * p->q.sl;
+                double D = 0.0;
+                for (int64_t e = 0; e < p->Dv; e++) D += g[e] * out[row * p->Dv + e];
+                for (int64_t j = 0; j < p->Lk; j++) {
+                    if (pr[j] == 0.0) continue;
+                    const float *k = p->k.data + b * p->k.sb + hk * p->k.sh + j * p->k.sl;
+                    const float *v = p->v.data + b * p->v.sb + hk * p->v.sh + j * p->v.sl;
+                    const int64_t kr = (b * p->Hk + hk) * p->Lk + j;
+                    double dp = 0.0;
+                    for (int64_t e = 0; e < p->Dv; e++) {
+                        dp += g[e] * (double)v[e];
+                        dv[kr * p->Dv + e] += pr[j] * g[e];
+                    }
+                    double ds = pr[j] * (dp - D);
+                    if (p->softcap > 0.0f) ds *= 1.0 - t[j] * t[j];
+                    for (int64_t d = 0; d < p->D; d++) {
+                        dq[row * p->D + d] += p->scale * ds * k[d];
+                        dk[kr * p->D + d] += p->scale * ds * q[d];
+                    }
+                }
+            }
+        }
+    free(pr);
+    free(t);
+}
+
+/* max |got - want| / (1e-4 + 1e-4 |want|) over n values (> 1: out of tolerance). */
+static double worst_of(const float *got, const double *want, size_t n)
+{
+    double w = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs(got[i] - want[i]) / (1e-4 + 1e-4 * fabs(want[i]));
+        if (!(e <= w)) w = e; /* NaN wins */
+    }
+    return w;
 }
 
 static float *fill(size_t n)
@@ -131,9 +214,35 @@ static void run_case(int t)
         p.query_lengths = (attnx_lengths){ql, 1, 0};
     }
     p.num_threads = 1 + (int)irand(3);
+    /* the variants, each in about a quarter of the cases */
+    float *slopes = NULL, *sinks = NULL;
+    if (irand(3) == 0)
+        p.window =
+            (attnx_window){.on = 1, .left = irand(p.Lk + 2) - 1, .right = irand(p.Lk + 2) - 1};
+    p.align = (int)irand(2);
+    if (irand(4) == 0) p.softcap = 0.5f + 3.0f * (float)urand();
+    if (irand(4) == 0) { /* powers of two: slope · distance exact in float, as in double */
+        slopes = malloc(sizeof(float) * (size_t)(p.B * p.Hq));
+        for (int64_t x = 0; x < p.B * p.Hq; x++) slopes[x] = ldexpf(1.0f, -3 - (int)irand(6));
+        p.alibi = (attnx_head_values){slopes, p.Hq, 1};
+    }
+    if (irand(4) == 0) {
+        sinks = fill((size_t)p.Hq);
+        p.sinks = (attnx_head_values){sinks, 0, 1};
+    }
+    float *lse = malloc(sizeof(float) * (size_t)(p.B * p.Hq * p.Lq + 1));
+    p.lse = (attnx_out_tensor){lse, p.Hq * p.Lq, p.Lq, 1};
 
     double *ref = malloc(sizeof(double) * (nout ? nout : 1));
     naive(&p, ref);
+    /* the backward, for problems small enough to differentiate naively here */
+    const int grad = p.B * p.Hq * p.Lq * p.Lk * (p.D + p.Dv) < 4000000;
+    const size_t nq = (size_t)(p.B * p.Hq * p.Lq * p.D), nk = (size_t)(p.B * p.Hk * p.Lk * p.D),
+                 nv = (size_t)(p.B * p.Hk * p.Lk * p.Dv);
+    float *dout = fill(nout), *dq = malloc(4 * (nq + 1)), *dk = malloc(4 * (nk + 1)),
+          *dv = malloc(4 * (nv + 1));
+    double *rq = malloc(8 * (nq + 1)), *rk = malloc(8 * (nk + 1)), *rv = malloc(8 * (nv + 1));
+    if (grad) naive_backward(&p, ref, dout, rq, rk, rv);
     for (int s = 0; s < attnx_isa_count(); s++) {
         const char *isa = attnx_isa_name_at(s);
         if (!attnx_isa_available(isa)) continue;
@@ -147,17 +256,40 @@ static void run_case(int t)
             if (!(err <= 1e-5 + 5e-6 * fabs(ref[i]))) bad = 1;
             if (err > worst) worst = err;
         }
+        double gworst = 0.0;
+        if (grad && !bad) {
+            attnx_grad_problem g;
+            memset(&g, 0, sizeof g);
+            g.f = p;
+            g.o = (attnx_tensor){out, p.Hq * p.Lq * p.Dv, p.Lq * p.Dv, p.Dv};
+            g.dout = (attnx_tensor){dout, p.Hq * p.Lq * p.Dv, p.Lq * p.Dv, p.Dv};
+            g.lse = (attnx_tensor){lse, p.Hq * p.Lq, p.Lq, 1};
+            g.dq = (attnx_out_tensor){dq, p.Hq * p.Lq * p.D, p.Lq * p.D, p.D};
+            g.dk = (attnx_out_tensor){dk, p.Hk * p.Lk * p.D, p.Lk * p.D, p.D};
+            g.dv = (attnx_out_tensor){dv, p.Hk * p.Lk * p.Dv, p.Lk * p.Dv, p.Dv};
+            const attnx_status gs = attnx_backward(&g);
+            gworst = gs != ATTNX_OK ? INFINITY : worst_of(dq, rq, nq);
+            const double wk = worst_of(dk, rk, nk), wv = worst_of(dv, rv, nv);
+            if (!(wk <= gworst)) gworst = wk;
+            if (!(wv <= gworst)) gworst = wv;
+            bad = !(gworst <= 1.0);
+        }
         if (bad) {
             failed++;
             printf("FAIL case %d isa %s: B=%lld Hq=%lld Hk=%lld Lq=%lld Lk=%lld D=%lld Dv=%lld "
-                   "mask=%d causal=%d kl=%d ql=%d threads=%d status=%s worst=%g\n",
+                   "mask=%d causal=%d kl=%d ql=%d threads=%d window=%d(%lld,%lld) align=%d "
+                   "softcap=%g alibi=%d sinks=%d status=%s worst=%g grad=%g\n",
                    t, isa, (long long)p.B, (long long)p.Hq, (long long)p.Hk, (long long)p.Lq,
                    (long long)p.Lk, (long long)p.D, (long long)p.Dv, p.mask.kind, p.causal,
-                   kl != NULL, ql != NULL, p.num_threads, attnx_strerror(st), worst);
+                   kl != NULL, ql != NULL, p.num_threads, p.window.on, (long long)p.window.left,
+                   (long long)p.window.right, p.align, p.softcap, slopes != NULL, sinks != NULL,
+                   attnx_strerror(st), worst, gworst);
         } else {
             passed++;
         }
     }
+    free(slopes), free(sinks), free(lse), free(dout), free(dq), free(dk), free(dv);
+    free(rq), free(rk), free(rv);
     free(q);
     free(k);
     free(v);
