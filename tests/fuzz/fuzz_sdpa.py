@@ -367,7 +367,42 @@ def build(data: bytes):
     args = (q, k, v, mask, dropout, causal, scale, enable_gqa)
     meta.update(regime=regime, small=small)
     meta["helpers"] = (dec.int(-2, 9), dec.int(-2, 9), dec.bool(), dec.byte())
+    add_variants(dec, rng, kwargs, Hq)
     return args, kwargs, meta
+
+
+WINDOW_SIDES = (None, -1, 0, 1, 2, 5, 40, -2, 1.5, 2**62)
+SOFTCAPS = (30.0, 1.0, 0.25, 0.0, -1.0, float("nan"), float("inf"), "1", 1e39)
+ALIGNMENTS = ("upper_left", "lower_right", None, "middle")
+
+
+def per_head_values(dec: Decoder, rng, Hq: int, kind: str):
+    """(Hq,) values for sinks or ALiBi slopes, sometimes of a wrong shape or kind."""
+    n = Hq + (1 if dec.chance(12) else 0)
+    if kind == "slopes":
+        x = np.ldexp(1.0, -rng.integers(1, 9, size=n)).astype(np.float32)
+    else:
+        x = (rng.standard_normal(n) * 2).astype(np.float32)
+    if dec.chance(16):
+        x[...] = np.nan
+    if dec.chance(16):
+        return x.astype(np.int64)
+    return x
+
+
+def add_variants(dec: Decoder, rng, kwargs, Hq: int) -> None:
+    """The attention variants, each now and then (read last: an older corpus
+    file, which ends before these reads, decodes to none of them)."""
+    if dec.chance(3):
+        kwargs["window"] = (dec.pick(WINDOW_SIDES), dec.pick(WINDOW_SIDES))
+    if dec.chance(3):
+        kwargs["softcap"] = dec.pick(SOFTCAPS)
+    if dec.chance(3):
+        kwargs["alibi_slopes"] = per_head_values(dec, rng, Hq, "slopes")
+    if dec.chance(3):
+        kwargs["sinks"] = per_head_values(dec, rng, Hq, "sinks")
+    if dec.chance(4):
+        kwargs["alignment"] = dec.pick(ALIGNMENTS)
 
 
 # --------------------------------------------------------------- checking
@@ -555,6 +590,10 @@ def _check_backward(args, kwargs, out, compare):
         ref = attnx.reference_backward(dout, *args, **kw)
         for name in ("query", "key", "value"):
             _close(getattr(grads, name), getattr(ref, name), "grads." + name, 1.25e-5, 5.25e-6)
+        if ref.sinks is not None:
+            # a sink's gradient sums over every query row of its head
+            rows = max(1, out.size // max(1, out.shape[-1]) // max(1, ref.sinks.size))
+            _close(grads.sinks, ref.sinks, "grads.sinks", 1.25e-5 * rows, 5.25e-6)
         if ref.attn_mask is not None:
             # each element of a broadcast mask's gradient sums n scores' gradients,
             # each within the tolerance (and the sums cancel: a row's dS adds up to 0)
