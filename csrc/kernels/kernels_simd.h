@@ -96,32 +96,58 @@ static void SUFFIX(qk)(const float *qt, int64_t ldq, int nq, const float *k, int
 
 /* ---- scores for a few queries: dot products along D ----------------------
  * Four keys at a time share each load of the query row; the partial vector
- * of a row that is not a multiple of W is a masked load. */
-// qr: (nq, D)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
-static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,
-                           float *st, int64_t ldq)
+ * of a row that is not a multiple of W is a masked load. Keys in float32, or
+ * in half precision converted as they are loaded (half = 1: the same float
+ * operations on the same values, so the same bits as on converted rows). */
+
+/* The last n < W elements of key row x as a zero-padded vector: a masked
+ * load, or the halves converted one by one into the lanes it would give. */
+ATTNX_INLINE VF key_tail(const void *x, int n, VMASK mk, const int half)
+{
+    if (!half) return V_LOAD_M((const float *)x, mk);
+    float t[W];
+    for (int l = 0; l < W; l++) t[l] = l < n ? attnx_half_to_float(((const uint16_t *)x)[l]) : 0.0f;
+    return V_LOAD(t);
+}
+
+ATTNX_INLINE VF key_load(const void *x, const int half)
+{
+    return half ? V_LOAD_HALF((const uint16_t *)x) : V_LOAD((const float *)x);
+}
+
+/* Element e of key row j: k + (j * k_sl + e) elements of 4 or 2 bytes. */
+ATTNX_INLINE const void *key_at(const void *k, int64_t at, const int half)
+{
+    return (const char *)k + at * (half ? 2 : 4);
+}
+
+// qr: (nq, D)  k: (nk, D) rows k_sl apart (float or half)  st: (nk, ldq)
+ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, int64_t k_sl,
+                             int nk, float *st, int64_t ldq, const int half)
 {
     const int64_t dfull = D / W * W;
-    const VMASK mk = V_MASK((int)(D - dfull));
+    const int tail = (int)(D - dfull);
+    const VMASK mk = V_MASK(tail);
     int j = 0;
     for (; j + 4 <= nk; j += 4) {
-        const float *k0 = k + j * k_sl, *k1 = k0 + k_sl, *k2 = k1 + k_sl, *k3 = k2 + k_sl;
+        const void *k0 = key_at(k, j * k_sl, half), *k1 = key_at(k, (j + 1) * k_sl, half);
+        const void *k2 = key_at(k, (j + 2) * k_sl, half), *k3 = key_at(k, (j + 3) * k_sl, half);
         for (int i = 0; i < nq; i++) {
             const float *q = qr + i * D;
             VF a0 = V_ZERO(), a1 = V_ZERO(), a2 = V_ZERO(), a3 = V_ZERO();
             for (int64_t d = 0; d < dfull; d += W) {
                 const VF qv = V_LOAD(q + d);
-                a0 = V_FMA(qv, V_LOAD(k0 + d), a0);
-                a1 = V_FMA(qv, V_LOAD(k1 + d), a1);
-                a2 = V_FMA(qv, V_LOAD(k2 + d), a2);
-                a3 = V_FMA(qv, V_LOAD(k3 + d), a3);
+                a0 = V_FMA(qv, key_load(key_at(k0, d, half), half), a0);
+                a1 = V_FMA(qv, key_load(key_at(k1, d, half), half), a1);
+                a2 = V_FMA(qv, key_load(key_at(k2, d, half), half), a2);
+                a3 = V_FMA(qv, key_load(key_at(k3, d, half), half), a3);
             }
-            if (dfull < D) {
+            if (tail) {
                 const VF qv = V_LOAD_M(q + dfull, mk);
-                a0 = V_FMA(qv, V_LOAD_M(k0 + dfull, mk), a0);
-                a1 = V_FMA(qv, V_LOAD_M(k1 + dfull, mk), a1);
-                a2 = V_FMA(qv, V_LOAD_M(k2 + dfull, mk), a2);
-                a3 = V_FMA(qv, V_LOAD_M(k3 + dfull, mk), a3);
+                a0 = V_FMA(qv, key_tail(key_at(k0, dfull, half), tail, mk, half), a0);
+                a1 = V_FMA(qv, key_tail(key_at(k1, dfull, half), tail, mk, half), a1);
+                a2 = V_FMA(qv, key_tail(key_at(k2, dfull, half), tail, mk, half), a2);
+                a3 = V_FMA(qv, key_tail(key_at(k3, dfull, half), tail, mk, half), a3);
             }
             st[j * ldq + i] = V_HSUM(a0);
             st[(j + 1) * ldq + i] = V_HSUM(a1);
@@ -130,19 +156,30 @@ static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, i
         }
     }
     for (; j < nk; j++) {
-        const float *kj = k + j * k_sl;
+        const void *kj = key_at(k, j * k_sl, half);
         for (int i = 0; i < nq; i++) {
             const float *q = qr + i * D;
             VF a0 = V_ZERO();
-            for (int64_t d = 0; d < dfull; d += W) a0 = V_FMA(V_LOAD(q + d), V_LOAD(kj + d), a0);
-            if (dfull < D) a0 = V_FMA(V_LOAD_M(q + dfull, mk), V_LOAD_M(kj + dfull, mk), a0);
+            for (int64_t d = 0; d < dfull; d += W)
+                a0 = V_FMA(V_LOAD(q + d), key_load(key_at(kj, d, half), half), a0);
+            if (tail)
+                a0 = V_FMA(V_LOAD_M(q + dfull, mk),
+                           key_tail(key_at(kj, dfull, half), tail, mk, half), a0);
             st[j * ldq + i] = V_HSUM(a0);
         }
     }
-    /* the softmax works on whole vectors of queries: give the unused lanes 0 */
-    const int padded = (nq + W - 1) / W * W;
-    for (j = 0; j < nk; j++)
-        for (int i = nq; i < padded; i++) st[j * ldq + i] = 0.0f;
+}
+
+static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,
+                           float *st, int64_t ldq)
+{
+    qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, 0);
+}
+
+static void SUFFIX(qk_dot_half)(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl,
+                                int nk, float *st, int64_t ldq)
+{
+    qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, 1);
 }
 
 /* ---- online softmax, one query per lane ----------------------------------- */
@@ -475,62 +512,6 @@ static void SUFFIX(half_rows)(const uint16_t *src, int64_t src_sl, int rows, int
         int64_t e = 0;
         for (; e + W <= n; e += W) V_STORE(d + e, V_LOAD_HALF(s + e));
         for (; e < n; e++) d[e] = attnx_half_to_float(s[e]);
-    }
-}
-
-/* The last D % W halves of a row as a zero-padded vector: the lanes a masked
- * load of the converted row would give. */
-ATTNX_INLINE VF half_tail(const uint16_t *x, int n)
-{
-    float t[W];
-    for (int l = 0; l < W; l++) t[l] = l < n ? attnx_half_to_float(x[l]) : 0.0f;
-    return V_LOAD(t);
-}
-
-/* qk_dot's steps over half-precision keys, converted as they are loaded. */
-// qr: (nq, D)  k: (nk, D) halves, rows k_sl apart  st: (nk, ldq)
-static void SUFFIX(qk_dot_half)(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl,
-                                int nk, float *st, int64_t ldq)
-{
-    const int64_t dfull = D / W * W;
-    const int tail = (int)(D - dfull);
-    const VMASK mk = V_MASK(tail);
-    int j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const uint16_t *k0 = k + j * k_sl, *k1 = k0 + k_sl, *k2 = k1 + k_sl, *k3 = k2 + k_sl;
-        for (int i = 0; i < nq; i++) {
-            const float *q = qr + i * D;
-            VF a0 = V_ZERO(), a1 = V_ZERO(), a2 = V_ZERO(), a3 = V_ZERO();
-            for (int64_t d = 0; d < dfull; d += W) {
-                const VF qv = V_LOAD(q + d);
-                a0 = V_FMA(qv, V_LOAD_HALF(k0 + d), a0);
-                a1 = V_FMA(qv, V_LOAD_HALF(k1 + d), a1);
-                a2 = V_FMA(qv, V_LOAD_HALF(k2 + d), a2);
-                a3 = V_FMA(qv, V_LOAD_HALF(k3 + d), a3);
-            }
-            if (tail) {
-                const VF qv = V_LOAD_M(q + dfull, mk);
-                a0 = V_FMA(qv, half_tail(k0 + dfull, tail), a0);
-                a1 = V_FMA(qv, half_tail(k1 + dfull, tail), a1);
-                a2 = V_FMA(qv, half_tail(k2 + dfull, tail), a2);
-                a3 = V_FMA(qv, half_tail(k3 + dfull, tail), a3);
-            }
-            st[j * ldq + i] = V_HSUM(a0);
-            st[(j + 1) * ldq + i] = V_HSUM(a1);
-            st[(j + 2) * ldq + i] = V_HSUM(a2);
-            st[(j + 3) * ldq + i] = V_HSUM(a3);
-        }
-    }
-    for (; j < nk; j++) {
-        const uint16_t *kj = k + j * k_sl;
-        for (int i = 0; i < nq; i++) {
-            const float *q = qr + i * D;
-            VF a0 = V_ZERO();
-            for (int64_t d = 0; d < dfull; d += W)
-                a0 = V_FMA(V_LOAD(q + d), V_LOAD_HALF(kj + d), a0);
-            if (tail) a0 = V_FMA(V_LOAD_M(q + dfull, mk), half_tail(kj + dfull, tail), a0);
-            st[j * ldq + i] = V_HSUM(a0);
-        }
     }
 }
 
