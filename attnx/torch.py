@@ -107,5 +107,12 @@ def scaled_dot_product_attention(
                                 enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
                                 query_lengths=query_lengths, window=window, softcap=softcap,
                                 alibi_slopes=alibi_slopes, alignment=alignment)
+    tensors = (query, key, value, attn_mask, sinks)
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
+        # nothing to differentiate (inference, generate()): no lse, no autograd node
+        q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+        m = None if attn_mask is None else _numpy(attn_mask, "attn_mask")
+        sk = None if sinks is None else _numpy(sinks, "sinks")
+        return torch.from_numpy(_sdpa(q, k, v, attn_mask=m, sinks=sk, **opts)).to(query.dtype)
     out: torch.Tensor = _Attention.apply(query, key, value, attn_mask, sinks, opts)
     return out
