@@ -386,7 +386,9 @@ def per_head_values(dec: Decoder, rng, Hq: int, kind: str):
     if dec.chance(16):
         x[...] = np.nan
     if dec.chance(16):
-        return x.astype(np.int64)
+        return np.rint(np.nan_to_num(x)).astype(np.int64)     # integers are taken too
+    if dec.chance(16):
+        x *= np.float32(2.0 ** dec.int(10, 120))               # far outside any model's range
     return x
 
 
@@ -446,6 +448,17 @@ def _close(actual, expected, what, atol=None, rtol=None):
         i = int(np.argmax(err - tol))
         raise AssertionError(f"{what}: {int(np.sum(err > tol))} element(s) outside atol={ATOL_}, "
                              f"rtol={RTOL_}; worst |diff| {err[i]:.3g} (reference {e[fin][i]!r})")
+
+
+def _modest_variants(kwargs) -> bool:
+    """Sinks and ALiBi slopes of the sizes models use (|x| <= 64): with slopes of
+    1e18 the float32 scores keep nothing of q.k, while float64 keeps some, so the
+    two answers differ by design, not by a defect."""
+    for name in ("sinks", "alibi_slopes"):
+        x = kwargs.get(name)
+        if x is not None and not (np.abs(np.asarray(x, dtype=np.float64)) <= 64).all():
+            return False
+    return True
 
 
 def _expected_shapes(q, k, v, layout, need_weights):
@@ -530,7 +543,7 @@ def run_one(data: bytes, tolerate_known: bool = False) -> None:
                                             and not isinstance(scale, bool) and abs(scale) <= 2)
             size = np.asarray(q).size + np.asarray(k).size + np.asarray(v).size
             if small_scale and size <= 20_000 and _finite_small(q, k, v) and \
-                    _finite_small(mask, neginf_ok=True):
+                    _finite_small(mask, neginf_ok=True) and _modest_variants(kwargs):
                 STATS["compared with reference"] += 1
                 ref = attnx.reference(*args, **kwargs)
                 if need_weights:
@@ -548,7 +561,7 @@ def run_one(data: bytes, tolerate_known: bool = False) -> None:
             well_scaled = max(E, Ev) <= 64 and (
                 scale is None or (small_scale and abs(scale) <= 1 / math.sqrt(max(E, 1))))
             compare = well_scaled and size <= 20_000 and _finite_small(q, k, v) and \
-                _finite_small(mask, neginf_ok=True)
+                _finite_small(mask, neginf_ok=True) and _modest_variants(kwargs)
             _check_backward(args, kwargs, out, compare)
             _helpers(meta)
         finally:
