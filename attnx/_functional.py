@@ -333,7 +333,8 @@ def _decode_groups(p: AttentionArgs, out: NDArray[Any], lse: Optional[NDArray[An
     Hq, Lq, E = p.q.shape[-3:]
     Hk = p.k.shape[-3]
     va = p.variants
-    if (Lq != 1 or Hk == Hq or p.mask is not None or p.query_lengths is not None
+    if (Lq != 1 or Hk == Hq or Hk == 0 or Hq == 0 or p.mask is not None
+            or p.query_lengths is not None
             or p.causal == CAUSAL[True] or va.window is not None or va.alibi is not None
             or va.sinks is not None):
         return None

@@ -282,3 +282,13 @@ def test_gqa_decoding_packed_per_group_matches(rng, isa, kw):
     np.testing.assert_allclose(got, unpacked, atol=1e-6, rtol=1e-6)
     ref = attnx.reference(q, k, v, enable_gqa=True, **{n: x for n, x in kw.items() if n != "return_lse"})
     np.testing.assert_allclose(got, ref, atol=2e-6, rtol=1e-5)
+
+
+def test_gqa_decoding_with_no_query_heads():
+    """A fuzz finding: zero query heads over three key/value heads (0 is a multiple
+    of 3) with key lengths crashed the grouped decoding; it is a plain empty result."""
+    q = np.zeros((4, 0, 1, 0), np.float32)
+    k = v = np.zeros((4, 3, 3, 0), np.float32)
+    out = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal="lower_right",
+                                             key_lengths=np.array([0, 1, 2, 3], np.int32))
+    assert out.shape == (4, 0, 1, 0)
