@@ -604,7 +604,8 @@ def _check_backward(args, kwargs, out, compare):
         # an element of dQ sums Lk terms, one of dK or dV the Lq rows of each query
         # head of its group, each with its own float32 rounding, and the sums cancel
         # where the exact gradient is 0 (dS = P (dP - D), with dP = D exactly for a
-        # single key): PyTorch's tolerance for one term, grown as a random walk
+        # single key): PyTorch's tolerance for one term, grown as a random walk,
+        # plus float32's rounding of the terms themselves (_rounding_bounds)
         qshape, kshape = np.shape(np.asarray(args[0])), np.shape(np.asarray(args[1]))
         lq_axis = -3 if kwargs.get("layout") == "blhd" else -2
         Lq = qshape[lq_axis] if len(qshape) >= 2 else 1
@@ -612,20 +613,51 @@ def _check_backward(args, kwargs, out, compare):
         # query heads per key/value head: q.size / k.size = (Hq Lq) / (Hk Lk), E shared
         group = max(1, round(ref.query.size * Lk / max(1, ref.key.size * Lq)))
         terms = {"query": max(1, Lk), "key": max(1, Lq * group), "value": max(1, Lq * group)}
+        bound = _rounding_bounds(args, kwargs, dout, Lq, Lk)
         for name in ("query", "key", "value"):
+            extra = bound[name] * (1 if name == "query" else terms[name])
             _close(getattr(grads, name), getattr(ref, name), "grads." + name,
-                   1.25e-5 * math.sqrt(terms[name]), 5.25e-6)
+                   1.25e-5 * math.sqrt(terms[name]) + extra, 5.25e-6)
         if ref.sinks is not None:
             # a sink's gradient sums over every query row of its head
             rows = max(1, out.size // max(1, out.shape[-1]) // max(1, ref.sinks.size))
-            _close(grads.sinks, ref.sinks, "grads.sinks", 1.25e-5 * rows, 5.25e-6)
+            _close(grads.sinks, ref.sinks, "grads.sinks",
+                   (1.25e-5 + bound["scores"]) * rows, 5.25e-6)
         if ref.attn_mask is not None:
             # each element of a broadcast mask's gradient sums n scores' gradients,
             # each within the tolerance (and the sums cancel: a row's dS adds up to 0)
-            kshape = np.shape(np.asarray(args[1]))
-            Lk = kshape[-3] if kwargs.get("layout") == "blhd" else kshape[-2]
             n = max(1, out.size // max(1, out.shape[-1]) * Lk // max(1, ref.attn_mask.size))
-            _close(grads.attn_mask, ref.attn_mask, "grads.attn_mask", 1.25e-5 * n, 5.25e-6)
+            _close(grads.attn_mask, ref.attn_mask, "grads.attn_mask",
+                   (1.25e-5 + bound["scores"]) * n, 5.25e-6)
+
+
+def _rounding_bounds(args, kwargs, dout, Lq, Lk):
+    """How far float32 arithmetic may move one term of each gradient, from the
+    sizes of the inputs (a first-order bound, times 2): a score s = scale q.k
+    carries an error of u |s|max (u = 2^-24), so P = exp(s - lse) a relative
+    error of u (1 + |s|max); dP and D sum Ev products dO.v, so
+    dS = P (dP - D) is off by up to u (1 + |s|max) 2 Ev |dO| |v| even where it
+    is exactly 0 (one key: dP = D, as computed they differ). dQ = scale dS K
+    sums P-weighted terms (their weights add up to 1); dK and dV sum over
+    query rows (the caller multiplies by their number)."""
+    def mag(x):
+        a = np.asarray(x, dtype=np.float64) if x is not None else np.zeros(1)
+        a = a[np.isfinite(a)]
+        return float(np.abs(a).max()) if a.size else 0.0
+    q, k, v, mask = args[0], args[1], args[2], args[3]
+    E = np.shape(np.asarray(q))[-1] if np.ndim(np.asarray(q)) else 1
+    Ev = np.shape(np.asarray(v))[-1] if np.ndim(np.asarray(v)) else 1
+    scale = kwargs.get("scale")
+    scale = abs(float(scale)) if scale is not None else 1.0 / math.sqrt(max(E, 1))
+    mq, mk, mv, mdo = mag(q), mag(k), mag(v), mag(dout)
+    smax = scale * E * mq * mk + (mag(mask) if mask is not None and
+                                  np.asarray(mask).dtype.kind == "f" else 0.0)
+    if kwargs.get("alibi_slopes") is not None:
+        smax += mag(kwargs["alibi_slopes"]) * max(Lq, Lk)
+    u = 2.0 ** -24
+    rel_p = 2 * u * (1 + smax)
+    ds = rel_p * 2 * max(Ev, 1) * mdo * mv
+    return {"query": scale * mk * ds, "key": scale * mq * ds, "value": rel_p * mdo, "scores": ds}
 
 
 # ----------------------------------------------------------------- drivers
