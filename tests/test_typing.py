@@ -31,18 +31,21 @@ TESTS = Path(__file__).resolve().parent
 USAGE = TESTS / "typing" / "usage.py"
 PKG = Path(attnx.__file__).resolve().parent
 # the modules whose own code must pass --strict (the others are followed silently)
-STRICT_MODULES = sorted(p.name for p in PKG.glob("*.py"))
+STRICT_MODULES = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py"))
 
-CONFIG = """\
-[mypy]
-follow_imports = silent
-warn_unused_configs = True
-# torch and matplotlib are large; attnx imports them lazily and never needs their types here
-[mypy-torch.*]
-follow_imports = skip
-[mypy-matplotlib.*]
-follow_imports = skip
-"""
+def _config() -> str:
+    """The project's mypy settings (pyproject.toml) as a mypy.ini for a scratch
+    directory: imports followed silently, as for an installed package, and the
+    large optional libraries that pyproject.toml skips skipped here too (one
+    list, in pyproject.toml)."""
+    import tomllib                  # Python >= 3.11; mypy runs only in CI's Python
+
+    conf = tomllib.loads((TESTS.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    skipped = [m for o in conf["tool"]["mypy"].get("overrides", [])
+               if o.get("follow_imports") == "skip" for m in o["module"]]
+    assert skipped, "pyproject.toml: no [[tool.mypy.overrides]] with follow_imports = skip"
+    return "[mypy]\nfollow_imports = silent\nwarn_unused_configs = True\n" + "".join(
+        f"[mypy-{m}]\nfollow_imports = skip\n" for m in skipped)
 
 BAD = '''\
 import numpy as np
@@ -70,7 +73,7 @@ def mypy_run(tmp_path_factory):
     """Run mypy with the project's settings; returns run(files) -> (returncode, output)."""
     tmp = tmp_path_factory.mktemp("mypy")
     config = tmp / "mypy.ini"
-    config.write_text(CONFIG)
+    config.write_text(_config())
     env = dict(os.environ)
     # An editable install is an import hook mypy cannot follow: point it at the sources.
     site_dirs = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
