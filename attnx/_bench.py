@@ -457,6 +457,25 @@ class _Bench:
         self.attnx.set_num_threads(0)
         return rows
 
+    def dask_cluster(self, L: int, H: int, D: int, chunk: int) -> List[Row]:
+        """Causal attention over (1, H, L, D) on a 2-process dask LocalCluster
+        (attnx.dask, chunks of ``chunk`` queries and keys) against one process."""
+        try:
+            from . import dask as adask
+        except ImportError:
+            return []
+        r = adask.bench(L, H, D, chunk, n_workers=2, repeats=min(self.repeats, 3))
+        dask_s, numpy_s = float(r["dask_s"]), float(r["numpy_s"])
+        flops = 4.0 * H * L * L * D / 2          # causal: half the scores
+        row: Row = {"case": f"dask 2 workers, causal L={L} H={H} D={D}", "threads": self.threads,
+                    "attnx_s": dask_s, "attnx_gflops": flops / dask_s / 1e9,
+                    "one_process_s": numpy_s, "one_process_gflops": flops / numpy_s / 1e9,
+                    "note": f"{dask_s:.2f} s vs one process {numpy_s:.2f} s "
+                            f"({dask_s / numpy_s:.2f}x the time); {r['case']}"}
+        self.emit(row)
+        self.attnx.set_num_threads(0)
+        return [row]
+
     def backward_memory(self, L: int, H: int, D: int) -> Row:
         """Peak RSS growth of one long-sequence backward, in a fresh process."""
         extra, t, grads = self._rss_growth(
@@ -513,6 +532,7 @@ def run(args: argparse.Namespace) -> int:
         rows.extend(b.transformers_decoder(256 if b.quick else 1024, 9 if b.quick else 33))
     if not b.quick:
         rows.append(b.backward_memory(16384, 8, 64))
+    rows.extend(b.dask_cluster(8192, 8, 64, 2048) if b.quick else b.dask_cluster(65536, 8, 64, 8192))
     # the variants: each against the same call without it
     sinks, slopes = np.linspace(-1, 1, 8, dtype=np.float32), 2.0 ** -np.arange(1, 9, dtype=np.float32)
     for what, opts in (("sinks", {"sinks": sinks}), ("softcap 30", {"softcap": 30.0}),

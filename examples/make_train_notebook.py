@@ -590,20 +590,9 @@ def cells():
 
 
 def main(argv=None):
-    import nbformat
+    import _notebook          # examples/_notebook.py, beside this script
 
-    argv = sys.argv[1:] if argv is None else argv
-    out = pathlib.Path(argv[0]) if argv else OUT
-    nb = nbformat.v4.new_notebook(cells=cells(), metadata={
-        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"}})
-    # stable ids, so that regenerating an unchanged notebook gives the same file
-    for i, c in enumerate(nb.cells):
-        c["id"] = f"cell-{i:02d}"
-    nbformat.validate(nb)
-    nbformat.write(nb, out)
-    print(f"wrote {out}")
-    return 0
+    return _notebook.write(cells(), OUT, argv)
 
 
 if __name__ == "__main__":

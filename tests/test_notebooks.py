@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-NOTEBOOKS = ["tour.ipynb", "compare.ipynb", "train.ipynb"]
+NOTEBOOKS = ["tour.ipynb", "compare.ipynb", "train.ipynb", "dask.ipynb"]
 CELL_TIMEOUT = 180          # seconds per cell; the whole compare notebook takes ~20 s
 
 
@@ -48,7 +48,7 @@ def test_notebook_runs(name, tmp_path):
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{name}: {errors}"
     images = sum(1 for c in code for o in c.outputs if "image/png" in o.get("data", {}))
-    assert images >= {"tour.ipynb": 4, "compare.ipynb": 1, "train.ipynb": 3}[name], f"{name}: only {images} figures shown"
+    assert images >= {"tour.ipynb": 4, "compare.ipynb": 1, "train.ipynb": 3, "dask.ipynb": 1}[name], f"{name}: only {images} figures shown"
     # No figure is shown twice, and no cell ends by printing a matplotlib object's repr:
     # plot_attention returns a pyplot figure, which a notebook shows at the end of the cell
     # anyway, so the notebooks assign the result (or end the line with ";").
@@ -74,3 +74,20 @@ def test_readme_figure_script(tmp_path):
     assert r.returncode == 0, r.stderr
     committed = EXAMPLES.parent / "docs" / "attention.png"
     assert imread(out).shape == imread(committed).shape, "regenerate docs/attention.png"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("make_*_notebook.py")))
+def test_generated_notebook_is_committed(script, tmp_path):
+    """A notebook written by a generator script is the generator's output: the
+    review reads the script, so the committed .ipynb must not drift from it."""
+    pytest.importorskip("nbformat")
+    import subprocess
+    import sys
+
+    name = script[len("make_"):-len("_notebook.py")] + ".ipynb"
+    assert name in NOTEBOOKS, f"{name} (from {script}) is not run by test_notebook_runs"
+    out = tmp_path / name
+    r = subprocess.run([sys.executable, str(EXAMPLES / script), str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == (EXAMPLES / name).read_bytes(), \
+        f"examples/{name} differs from what {script} writes: run python examples/{script}"

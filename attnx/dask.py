@@ -1,0 +1,476 @@
+"""``attnx.dask``: attnx's attention on dask arrays, split into blocks.
+
+``attnx.dask.scaled_dot_product_attention`` takes the arguments of
+:func:`attnx.scaled_dot_product_attention` with ``query``, ``key``, ``value``
+(and ``attn_mask``) as dask arrays (NumPy arrays are wrapped with
+``da.asarray``) and returns a lazy float32 dask array holding the same numbers.
+Each task calls :func:`attnx.scaled_dot_product_attention` on one block, so a
+sequence longer than one machine's memory is computed piece by piece:
+
+* chunks of the batch and head axes are independent problems;
+* chunks of the query axis are independent;
+* chunks of the key axis are attended separately (``return_lse=True``) and
+  combined exactly with :func:`attnx.merge_attention`, pairwise in a tree.
+
+dask is imported here only (``import attnx`` never imports it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+import dask.array as da
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+
+from . import _attnx
+from ._args import Alignment, Causal, Layout, Window, attention_args
+from ._functional import scaled_dot_product_attention as _sdpa_numpy
+from ._grad import merge_attention as _merge_numpy
+
+__all__ = ["scaled_dot_product_attention", "bench"]
+
+_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_ALIGN_NAME = {int(_attnx.ALIGN_UPPER_LEFT): "upper_left", int(_attnx.ALIGN_LOWER_RIGHT): "lower_right"}
+
+#: The names of the block tasks in the graph: ("attnx-block-<token>", batch..., head, q, k).
+BLOCK_PREFIX = "attnx-block-"
+
+
+def _meta(x: Any, float_meta: bool = True) -> NDArray[Any]:
+    """A zero-stride stand-in of ``x``'s shape for attnx's argument checks (no
+    memory, nothing computed). Float inputs stand in as float32 (whose range
+    check is a no-op); other dtypes as themselves, so that attnx names the
+    argument and its dtype in its TypeError."""
+    dtype = np.dtype(x.dtype)
+    if float_meta and dtype in _FLOATS:
+        dtype = np.dtype(np.float32)
+    return np.broadcast_to(np.zeros((), dtype), tuple(int(n) for n in x.shape))
+
+
+def _small(x: Any) -> Any:
+    """A per-sequence or per-head argument (lengths, sinks, slopes) as a NumPy
+    value: they are tiny, so a dask array there is computed now."""
+    if x is None:
+        return None
+    if isinstance(x, da.Array):
+        return np.asarray(x.compute())
+    return x
+
+
+def _starts(chunks: Sequence[int]) -> List[int]:
+    """The start offset of each chunk."""
+    return [0] + list(np.cumsum(chunks[:-1], dtype=np.int64).tolist()) if chunks else []
+
+
+def _group_chunks(chunks: Tuple[int, ...], group: int) -> Tuple[int, ...]:
+    """Head chunks of the query whose every boundary is a multiple of ``group``
+    (the query heads sharing one key/value head stay in one chunk)."""
+    if group == 1:
+        return chunks
+    bounds = [b for b in np.cumsum(chunks).tolist() if b % group == 0]
+    out, prev = [], 0
+    for b in bounds:
+        if b > prev:
+            out.append(b - prev)
+            prev = b
+    return tuple(out) or chunks
+
+
+def _block(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], mask: Optional[NDArray[Any]], *,
+           q0: int, k0: int, kl: Optional[NDArray[Any]], ql: Optional[NDArray[Any]],
+           sinks: Optional[NDArray[Any]], alibi: Optional[NDArray[Any]],
+           st: Dict[str, Any]) -> Tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """Attention of one block of queries (rows q0 ... q0+lq-1 of the whole query
+    axis) against one block of keys (columns k0 ... k0+lk-1): ``(out, lse)``
+    with out (batch..., h, lq, Ev) and lse (batch..., h, lq), core layout.
+
+    ``kl``/``ql``/``sinks``/``alibi``: the (batch..., h) values of this block's
+    rows (None when not given); the lengths are shifted here by k0/q0. The
+    diagonal of the whole problem is j = i + off; in this block it is
+    jj = ii + D with D = q0 + off - k0. Where D is attnx's own upper-left (0) or
+    lower-right (lk - lq) diagonal, causal/window/ALiBi are passed on as
+    they are; otherwise they become an explicit (lq, lk) mask (a float mask
+    holding the ALiBi bias when slopes are given)."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    heads_are_batch = st["heads_are_batch"]
+    causal, window = st["causal"], st["window"]
+    D = q0 + st["off"] - k0
+    kw: Dict[str, Any] = {"scale": st["scale"], "softcap": st["softcap"],
+                          "enable_gqa": st["enable_gqa"]}
+    if kl is not None:
+        kl = np.clip(kl - k0, 0, lk)
+    if ql is not None:
+        ql = np.clip(ql - q0, 0, lq)
+    if not heads_are_batch:          # lengths are per sequence: one value per batch index
+        kl = None if kl is None else kl[..., 0]
+        ql = None if ql is None else ql[..., 0]
+    kw.update(key_lengths=kl, query_lengths=ql, sinks=sinks)
+    positional = causal or window is not None or alibi is not None
+    row_shift: Optional[NDArray[np.float64]] = None     # added to lse afterwards (ALiBi)
+    if positional and lq and lk and (D == 0 or D == lk - lq):
+        name = "upper_left" if D == 0 else "lower_right"
+        kw["is_causal"] = name if causal else False
+        if window is not None or alibi is not None:
+            kw.update(window=window, alibi_slopes=alibi, alignment=name)
+    elif positional and lq and lk:
+        mask, row_shift = _position_mask(mask, lq, lk, D, causal, window, alibi)
+    if st["lead1"]:                  # 3-D (L, H, E) blhd or 2-D: give attnx a batch axis of 1
+        q, k, v = q[None], k[None], v[None]
+        mask = None if mask is None else mask[None]
+    out, lse = _sdpa_numpy_call(q, k, v, mask, kw)
+    if st["lead1"]:
+        out, lse = out[0], lse[0]
+    if row_shift is not None:
+        with np.errstate(invalid="ignore"):
+            lse = np.where(np.isneginf(lse), lse, lse + row_shift).astype(np.float32)
+    return out, lse
+
+
+def _position_mask(mask: Optional[NDArray[Any]], lq: int, lk: int, D: int, causal: bool,
+                   window: Optional[Tuple[int, int]], alibi: Optional[NDArray[Any]],
+                   ) -> Tuple[Optional[NDArray[Any]], Optional[NDArray[np.float64]]]:
+    """The mask of a block whose diagonal jj = ii + D is not attnx's own: causal
+    and window as a bool (lq, lk) condition (only where the block crosses
+    them), ALiBi as a float mask. Returns the mask to pass (``mask``, the
+    user's block, folded in) and, for ALiBi, the per-row shift of the lse.
+
+    ALiBi in a block on one side of the diagonal (rel = ii + D - jj of one
+    sign) splits into a row term and a key term, -slope·|rel| = row(ii) +
+    key(jj): the key term is a (h, 1, lk) float mask, the row term cancels in
+    the softmax and is added to the lse afterwards. Only a block crossing the
+    diagonal needs the full (h, lq, lk) bias."""
+    ii = np.arange(lq, dtype=np.int64)[:, None] + D          # d(i), block coordinates
+    jj = np.arange(lk, dtype=np.int64)[None, :]
+    rel_min, rel_max = D - (lk - 1), lq - 1 + D               # of rel = d(i) - j
+    conds = []
+    if causal and rel_min < 0:
+        conds.append(ii >= jj)
+    if window is not None:
+        left, right = window
+        if left >= 0 and rel_max > left:
+            conds.append(ii - jj <= left)
+        if right >= 0 and -rel_min > right:
+            conds.append(jj - ii <= right)
+    allowed: Optional[NDArray[np.bool_]] = None
+    for c in conds:
+        allowed = c if allowed is None else (allowed & c)
+    row_shift = None
+    if alibi is None:
+        if allowed is None:
+            return mask, None
+        if mask is None or mask.dtype == np.bool_:
+            return (allowed if mask is None else mask & allowed), None
+        return np.where(allowed, mask.astype(np.float32), np.float32(-np.inf)), None
+    slope = np.asarray(alibi, np.float64)[..., None, None]    # (batch..., h, 1, 1)
+    if rel_min >= 0:       # keys left of the diagonal: -slope (d(i) - j)
+        key_term = slope * (jj - (lk - 1))
+        row_shift = (-slope * (ii - (lk - 1)))[..., 0]
+    elif rel_max <= 0:     # keys right of it: -slope (j - d(i))
+        key_term = -slope * jj
+        row_shift = (slope * ii)[..., 0]
+    else:
+        key_term = -slope * np.abs(ii - jj)
+    bias = key_term.astype(np.float32)
+    if mask is not None and mask.dtype != np.bool_:
+        bias = bias + mask.astype(np.float32)
+    elif mask is not None:
+        allowed = mask if allowed is None else (allowed & mask)
+    if allowed is not None:
+        bias = np.where(allowed, bias, np.float32(-np.inf))
+    return bias, row_shift
+
+
+def _sdpa_numpy_call(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], mask: Optional[NDArray[Any]],
+                     kw: Dict[str, Any]) -> Tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """``attnx.scaled_dot_product_attention(..., return_lse=True)``, looked up at
+    call time (so that a test can count the calls)."""
+    import attnx
+    out, lse = attnx.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True, **kw)
+    return out, lse
+
+
+def _merge(a: Tuple[NDArray[Any], NDArray[Any]],
+           b: Tuple[NDArray[Any], NDArray[Any]]) -> Tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """Attention over the union of two disjoint key sets (one level of the tree)."""
+    return _merge_numpy([a[0], b[0]], [a[1], b[1]])
+
+
+def _finish(res: Optional[Tuple[NDArray[Any], NDArray[Any]]], *, sinks: Optional[NDArray[Any]],
+            shape: Tuple[int, ...]) -> NDArray[np.float32]:
+    """The output block from the merged ``(out, lse)`` (zeros of ``shape`` when
+    no key block was scheduled). ``sinks`` (batch..., h): the sink logits, when
+    the keys were split: the sink joins each row's softmax denominator once,
+    here, ``out *= exp(lse) / (exp(lse) + exp(sink))``; a row with no allowed
+    key (lse = -inf) stays zero."""
+    if res is None:
+        return np.zeros(shape, np.float32)
+    out, lse = res
+    if sinks is not None:
+        lse64 = lse.astype(np.float64)
+        s = np.asarray(sinks, np.float64)[..., None]
+        with np.errstate(invalid="ignore"):
+            w = np.where(np.isneginf(lse64), 0.0, np.exp(lse64 - np.logaddexp(lse64, s)))
+        out = (out * w[..., None]).astype(np.float32)
+    return np.asarray(out, np.float32)
+
+
+def scaled_dot_product_attention(
+        query: Any, key: Any, value: Any, attn_mask: Optional[Any] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, layout: Layout = "bhld", key_lengths: Optional[Any] = None,
+        query_lengths: Optional[Any] = None, window: Window = None, sinks: Optional[Any] = None,
+        softcap: Optional[float] = None, alibi_slopes: Optional[Any] = None,
+        alignment: Alignment = None) -> Any:
+    """:func:`attnx.scaled_dot_product_attention` on dask arrays, as a lazy dask array.
+
+    Same arguments and the same numbers (up to float32 rounding of the
+    merge) as the NumPy function; see its docstring for the semantics.
+
+    Parameters
+    ----------
+    query : dask or NumPy array, (B..., Hq, Lq, E)   (``"blhd"``: (B..., Lq, Hq, E))
+    key : dask or NumPy array, (B..., Hk, Lk, E)   (``"blhd"``: (B..., Lk, Hk, E))
+    value : dask or NumPy array, (B..., Hk, Lk, Ev)   (``"blhd"``: (B..., Lk, Hk, Ev))
+        2-D and 3-D inputs as for the NumPy function. NumPy arrays are
+        wrapped with ``da.asarray`` (dask's automatic chunks).
+    attn_mask : dask or NumPy array, optional
+        bool or float, broadcastable to (B..., Hq, Lq, Lk); its broadcast
+        (size-1) axes stay size 1, its other axes are rechunked like the
+        scores (batch, heads and queries as ``query``, keys as ``key``).
+    key_lengths, query_lengths, sinks, alibi_slopes : array_like, optional
+        Small per-sequence / per-head values, read when this function is
+        called (a dask array here is computed at once).
+    dropout_p, is_causal, scale, enable_gqa, layout, window, softcap, alignment
+        As for :func:`attnx.scaled_dot_product_attention`.
+
+    Returns
+    -------
+    out : dask array, float32, (B..., Hq, Lq, Ev)   (``"blhd"``: (B..., Lq, Hq, Ev))
+        Chunked like ``query`` along batch, heads and queries, one chunk
+        along Ev. Nothing is computed before ``.compute()``.
+
+    How the work is split
+    ---------------------
+    The head dimensions E and Ev are rechunked to one chunk. ``key`` and
+    ``value`` are rechunked to ``query``'s batch chunks; ``value`` to
+    ``key``'s chunks along the keys. Heads: with grouped-query attention
+    (Hq = g·Hk) the query's head chunks are merged until every boundary is a
+    multiple of g, and key/value get the head chunks ``query_chunk / g``, so a
+    block's query heads find their key/value heads in one block. Every
+    (batch chunk, head chunk, query chunk, key chunk) is one task calling
+    ``attnx.scaled_dot_product_attention(..., return_lse=True)``; the key
+    blocks of a query block are merged pairwise (a tree) with
+    :func:`attnx.merge_attention`, which is exact.
+
+    Blocks that no row may attend to are not in the graph at all: with
+    ``is_causal`` (upper-left or lower-right), key chunks wholly above the
+    diagonal; with ``window``, key chunks wholly outside the band. A block
+    crossing the diagonal or the band's edges gets it as an explicit
+    (lq, lk) bool mask (combined with ``attn_mask``), except where the block's
+    diagonal is attnx's own upper-left or lower-right one (e.g. square
+    blocks on the diagonal), which is passed as ``is_causal``/``alignment``.
+
+    Every variant is supported with chunked keys and queries: ``softcap`` is
+    per score; ``key_lengths``/``query_lengths`` are shifted by the block's
+    start and clipped to it; ALiBi needs the distance to the global diagonal,
+    so a block whose diagonal is not attnx's own gets ALiBi as a float mask
+    (-slope·|d(i) - j|, with ``attn_mask`` folded in; memory h·lq·lk per such
+    block); ``sinks``: with one key chunk they go to attnx as they are; with
+    several, the sink must join each row's denominator exactly once, and a
+    row may have no allowed key in any particular block (where attnx ignores
+    the sink), so the blocks run without sinks and the merged row is scaled
+    by exp(lse)/(exp(lse)+exp(sink)) at the end (a row with no allowed key
+    anywhere stays zero, as in attnx).
+
+    Errors are attnx's own (TypeError/ValueError naming the argument),
+    raised by this call: the arguments are checked by attnx on zero-stride
+    stand-ins of the arrays' shapes, without reading them. Values (NaN, a
+    float64 beyond float32's range) are checked by the tasks, at compute.
+
+    Example
+    -------
+    >>> import numpy as np, dask.array as da, attnx, attnx.dask
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((1, 2, 64, 16), dtype=np.float32) for _ in range(3))
+    >>> qd, kd, vd = (da.from_array(a, chunks=(1, 2, 16, 16)) for a in (q, k, v))
+    >>> out = attnx.dask.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+    >>> out.shape, out.chunks[2]
+    ((1, 2, 64, 16), (16, 16, 16, 16))
+    >>> bool(np.allclose(out.compute(), attnx.scaled_dot_product_attention(q, k, v, is_causal=True),
+    ...                  atol=2e-6))
+    True
+    """
+    qd, kd, vd = (x if isinstance(x, da.Array) else da.asarray(x) for x in (query, key, value))
+    md = None if attn_mask is None else (
+        attn_mask if isinstance(attn_mask, da.Array) else da.asarray(attn_mask))
+    key_lengths, query_lengths = _small(key_lengths), _small(query_lengths)
+    sinks, alibi_slopes = _small(sinks), _small(alibi_slopes)
+    p = attention_args(_meta(qd), _meta(kd), _meta(vd),
+                       None if md is None else _meta(md), dropout_p, is_causal, scale, enable_gqa,
+                       layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
+                       window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
+                       alignment=alignment)
+    ndim_in = qd.ndim
+    heads_are_batch = ndim_in == 3 and layout == "bhld"
+    # the core view (batch..., H, L, E), as attnx's AttentionArgs
+    if layout == "blhd":
+        qd, kd, vd = (da.swapaxes(a, -2, -3) for a in (qd, kd, vd))
+    if ndim_in == 2:
+        qd, kd, vd = qd[None], kd[None], vd[None]
+    nd = qd.ndim
+    nb = nd - 3
+    Hq, Lq, _ = qd.shape[-3:]
+    Hk, Lk, _ = kd.shape[-3:]
+    Ev = vd.shape[-1]
+    group = Hq // Hk if Hk and Hq != Hk else 1
+    batch_chunks = qd.chunks[:nb]
+    qh = _group_chunks(qd.chunks[-3], group)
+    kh = tuple(c // group for c in qh)
+    qd = qd.rechunk(batch_chunks + (qh, qd.chunks[-2], (qd.shape[-1],)))
+    kd = kd.rechunk(batch_chunks + (kh, kd.chunks[-2], (kd.shape[-1],)))
+    vd = vd.rechunk(batch_chunks + (kh, kd.chunks[-2], (Ev,)))
+    q_chunks, k_chunks = qd.chunks[-2], kd.chunks[-2]
+    if md is not None:
+        if md.ndim < nd:
+            md = md[(None,) * (nd - md.ndim)]
+        target = batch_chunks + (qh, q_chunks, k_chunks)
+        full = p.scores_shape
+        md = md.rechunk(tuple((1,) if md.shape[d] == 1 and full[d] != 1 else target[d]
+                              for d in range(nd)))
+    mask_bcast = None if md is None else [md.shape[d] == 1 and p.scores_shape[d] != 1
+                                         for d in range(nd)]
+
+    rows_shape = qd.shape[:-2]                        # (batch..., Hq)
+    def rows(a: Optional[NDArray[Any]]) -> Optional[NDArray[Any]]:
+        return None if a is None else np.ascontiguousarray(a).reshape(rows_shape)
+    kl_rows, ql_rows = rows(p.key_lengths), rows(p.query_lengths)
+    sinks_rows, alibi_rows = rows(p.variants.sinks), rows(p.variants.alibi)
+    va = p.variants
+    off = Lk - Lq if (p.causal == _attnx.CAUSAL_LOWER_RIGHT
+                      or (p.causal == _attnx.CAUSAL_NONE and va.align == _attnx.ALIGN_LOWER_RIGHT)) else 0
+    causal = p.causal != _attnx.CAUSAL_NONE
+    # sinks go to attnx with the block when a query block is one task and its lse is
+    # attnx's own; otherwise they join the merged rows in _finish
+    late_sinks = len(k_chunks) > 1 or alibi_rows is not None
+    st: Dict[str, Any] = dict(           # the scalar arguments every block task shares
+        scale=p.scale, softcap=softcap, enable_gqa=group != 1, causal=causal, window=va.window,
+        off=off, heads_are_batch=heads_are_batch, lead1=not heads_are_batch and nd == 3)
+
+    token = tokenize(qd.name, kd.name, vd.name, None if md is None else md.name, kl_rows,
+                     ql_rows, sinks_rows, alibi_rows, dict(st), Lq, Lk)
+    bname, mname, oname = BLOCK_PREFIX + token, "attnx-merge-" + token, "attnx-sdpa-" + token
+    dsk: Dict[Any, Any] = {}
+    q_starts, k_starts = _starts(q_chunks), _starts(k_chunks)
+    lo_side = va.window[0] if va.window is not None and va.window[0] >= 0 else None
+    hi_sides = ([0] if causal else []) + (
+        [va.window[1]] if va.window is not None and va.window[1] >= 0 else [])
+    hi_side = min(hi_sides) if hi_sides else None
+    row_starts = [_starts(c) for c in batch_chunks + (qh,)]
+
+    for bidx in np.ndindex(*(len(c) for c in batch_chunks + (qh,))):
+        sl = tuple(slice(s[i], s[i] + c[i]) for s, c, i in zip(row_starts, batch_chunks + (qh,), bidx))
+        blk_rows = tuple(c[i] for c, i in zip(batch_chunks + (qh,), bidx))
+        def take(a: Optional[NDArray[Any]]) -> Optional[NDArray[Any]]:
+            return None if a is None else a[sl]
+        kl_b, ql_b, sinks_b, alibi_b = take(kl_rows), take(ql_rows), take(sinks_rows), take(alibi_rows)
+        for iq, (q0, lq) in enumerate(zip(q_starts, q_chunks)):
+            parts = []
+            for ik, (k0, lk) in enumerate(zip(k_starts, k_chunks)):
+                if lq == 0 or lk == 0:
+                    continue
+                if hi_side is not None and k0 > q0 + lq - 1 + off + hi_side:
+                    continue                          # wholly above the diagonal / band
+                if lo_side is not None and k0 + lk - 1 < q0 + off - lo_side:
+                    continue                          # wholly left of the band
+                qkey = (qd.name,) + bidx + (iq, 0)
+                kkey = (kd.name,) + bidx + (ik, 0)   # k/v head chunks = q's / group
+                vkey = (vd.name,) + bidx + (ik, 0)
+                mkey = None
+                if md is not None and mask_bcast is not None:
+                    idx = bidx + (iq, ik)
+                    mkey = (md.name,) + tuple(0 if b else i for b, i in zip(mask_bcast, idx))
+                key_ = (bname,) + bidx + (iq, ik)
+                fn = functools.partial(_block, q0=q0, k0=k0, kl=kl_b, ql=ql_b,
+                                       sinks=None if late_sinks else sinks_b,
+                                       alibi=alibi_b, st=st)
+                dsk[key_] = (fn, qkey, kkey, vkey, mkey)
+                parts.append(key_)
+            level = 0
+            while len(parts) > 1:             # merge pairwise, then pairs of pairs
+                nxt = []
+                for j in range(0, len(parts) - 1, 2):
+                    mk = (mname,) + bidx + (iq, level, j // 2)
+                    dsk[mk] = (_merge, parts[j], parts[j + 1])
+                    nxt.append(mk)
+                if len(parts) % 2:
+                    nxt.append(parts[-1])
+                parts, level = nxt, level + 1
+            shape = blk_rows + (lq, Ev)
+            fin = functools.partial(_finish, sinks=sinks_b if late_sinks else None,
+                                    shape=shape)
+            dsk[(oname,) + bidx + (iq, 0)] = (fin, parts[0] if parts else None)
+
+    deps = [qd, kd, vd] + ([] if md is None else [md])
+    graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
+    out = da.Array(graph, oname, batch_chunks + (qh, q_chunks, (Ev,)), dtype=np.float32,
+                   meta=np.empty((0,) * nd, np.float32))
+    if ndim_in == 2:
+        out = out[0]
+    if layout == "blhd":
+        out = da.swapaxes(out, -2, -3)
+    return out
+
+
+# --------------------------------------------------------------------- bench
+
+def bench(L: int, H: int, D: int, chunk: int, n_workers: int = 2,
+          repeats: int = 3) -> Dict[str, Union[str, float]]:
+    """Causal attention over (1, H, L, D) float32 inputs: a LocalCluster of
+    ``n_workers`` processes (one dask thread and one attnx thread each) with
+    chunks of ``chunk`` queries and keys, against one process's
+    :func:`attnx.scaled_dot_product_attention` on every CPU, on the same
+    inputs. The two alternate ``repeats`` times, 0.3 s apart; the medians are
+    returned as ``{"case", "dask_s", "numpy_s", "ratio"}`` (ratio = dask_s /
+    numpy_s; the dask time includes gathering the result)."""
+    from distributed import Client, LocalCluster
+
+    import attnx
+    shape, chunks = (1, H, L, D), (1, H, chunk, D)
+    rs = da.random.default_rng(0)
+    q, k, v = (rs.standard_normal(shape, chunks=chunks, dtype=np.float32) for _ in range(3))
+    # distributed puts OMP_NUM_THREADS=1 in this process's environment for its workers,
+    # which attnx's default thread count may then read: use every CPU explicitly
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    before = attnx.get_num_threads()
+    dask_s, numpy_s = [], []
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        client.run(attnx.set_num_threads, 1)
+        q, k, v = client.persist([q, k, v])
+        qn, kn, vn = (np.asarray(a.compute()) for a in (q, k, v))      # inputs in memory
+        out_d = scaled_dot_product_attention(q, k, v, is_causal=True)
+        attnx.set_num_threads(threads)
+        try:
+            for _ in range(repeats):
+                time.sleep(0.3)
+                t = time.perf_counter()
+                result = out_d.compute()
+                dask_s.append(time.perf_counter() - t)
+                time.sleep(0.3)
+                t = time.perf_counter()
+                expected = _sdpa_numpy(qn, kn, vn, is_causal=True)
+                numpy_s.append(time.perf_counter() - t)
+        finally:
+            attnx.set_num_threads(before)
+    err = float(np.abs(result - expected).max())
+    d, n = float(np.median(dask_s)), float(np.median(numpy_s))
+    case = (f"chunks of {chunk}, {n_workers} workers x 1 thread vs 1 process x {threads} "
+            f"threads, max |diff| {err:.1e}")
+    return {"case": case, "dask_s": d, "numpy_s": n, "ratio": d / n}
