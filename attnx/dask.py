@@ -96,8 +96,9 @@ def _block(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], mask: Optional[NDA
     diagonal of the whole problem is j = i + off; in this block it is
     jj = ii + D with D = q0 + off - k0. Where D is attnx's own upper-left (0) or
     lower-right (lk - lq) diagonal, causal/window/ALiBi are passed on as
-    they are; otherwise they become an explicit (lq, lk) mask (a float mask
-    holding the ALiBi bias when slopes are given)."""
+    they are; otherwise causal alone is split by rows (``_causal_rows``, no
+    mask), and a window or ALiBi becomes an explicit (lq, lk) mask (a float
+    mask holding the ALiBi bias when slopes are given)."""
     lq, lk = q.shape[-2], k.shape[-2]
     heads_are_batch = st["heads_are_batch"]
     causal, window = st["causal"], st["window"]
@@ -119,18 +120,61 @@ def _block(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], mask: Optional[NDA
         kw["is_causal"] = name if causal else False
         if window is not None or alibi is not None:
             kw.update(window=window, alibi_slopes=alibi, alignment=name)
+    elif causal and window is None and alibi is None and lq and lk:
+        return _causal_rows(q, k, v, mask, kw, D, st["lead1"])
     elif positional and lq and lk:
         mask, row_shift = _position_mask(mask, lq, lk, D, causal, window, alibi)
-    if st["lead1"]:                  # 3-D (L, H, E) blhd or 2-D: give attnx a batch axis of 1
-        q, k, v = q[None], k[None], v[None]
-        mask = None if mask is None else mask[None]
-    out, lse = _sdpa_numpy_call(q, k, v, mask, kw)
-    if st["lead1"]:
-        out, lse = out[0], lse[0]
+    out, lse = _call(q, k, v, mask, kw, st["lead1"])
     if row_shift is not None:
         with np.errstate(invalid="ignore"):
             lse = np.where(np.isneginf(lse), lse, lse + row_shift).astype(np.float32)
     return out, lse
+
+
+def _call(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], mask: Optional[NDArray[Any]],
+          kw: Dict[str, Any], lead1: bool) -> Tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """attnx on one block; ``lead1``: the block is 3-D (L, H, E) blhd or 2-D
+    in the core view (H, L, E), which gets a batch axis of 1 for the call."""
+    if lead1:
+        q, k, v = q[None], k[None], v[None]
+        mask = None if mask is None else mask[None]
+    out, lse = _sdpa_numpy_call(q, k, v, mask, kw)
+    return (out[0], lse[0]) if lead1 else (out, lse)
+
+
+def _causal_rows(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], mask: Optional[NDArray[Any]],
+                 kw: Dict[str, Any], D: int, lead1: bool,
+                 ) -> Tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """A causal block whose diagonal jj = ii + D is neither corner, without a
+    mask: rows ii < -D see no key (zeros, lse -inf); rows whose diagonal ends
+    inside the block (ii + D < lk - 1), [n0, n1), see keys 0 ... n1 + D - 1
+    with the lower-right diagonal of that slice, which is the block's own
+    (jj = ii + D); the rows after see every key of the block. At most two
+    attnx calls on views of the block; their rows are concatenated."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    n0 = min(max(-D, 0), lq)
+    n1 = min(max(lk - 1 - D, n0), lq)
+    outs: List[NDArray[np.float32]] = []
+    lses: List[NDArray[np.float32]] = []
+    if n0:
+        outs.append(np.zeros(q.shape[:-2] + (n0, v.shape[-1]), np.float32))
+        lses.append(np.full(q.shape[:-2] + (n0,), -np.inf, np.float32))
+    for a, b, n, causal in ((n0, n1, n1 + D, "lower_right"), (n1, lq, lk, False)):
+        if b <= a:
+            continue
+        sub = dict(kw, is_causal=causal)
+        if kw.get("query_lengths") is not None:
+            sub["query_lengths"] = np.clip(kw["query_lengths"] - a, 0, b - a)
+        if kw.get("key_lengths") is not None:
+            sub["key_lengths"] = np.minimum(kw["key_lengths"], n)
+        m = mask
+        if m is not None:      # a broadcast (size-1) row or key axis stays as it is
+            m = m[..., slice(a, b) if m.shape[-2] != 1 else slice(None),
+                  slice(0, n) if m.shape[-1] != 1 else slice(None)]
+        o, lse = _call(q[..., a:b, :], k[..., :n, :], v[..., :n, :], m, sub, lead1)
+        outs.append(o)
+        lses.append(lse)
+    return np.concatenate(outs, axis=-2), np.concatenate(lses, axis=-1)
 
 
 def _position_mask(mask: Optional[NDArray[Any]], lq: int, lk: int, D: int, causal: bool,
@@ -272,10 +316,13 @@ def scaled_dot_product_attention(
     Blocks that no row may attend to are not in the graph at all: with
     ``is_causal`` (upper-left or lower-right), key chunks wholly above the
     diagonal; with ``window``, key chunks wholly outside the band. A block
-    crossing the diagonal or the band's edges gets it as an explicit
-    (lq, lk) bool mask (combined with ``attn_mask``), except where the block's
-    diagonal is attnx's own upper-left or lower-right one (e.g. square
-    blocks on the diagonal), which is passed as ``is_causal``/``alignment``.
+    whose diagonal is attnx's own upper-left or lower-right one (e.g. square
+    blocks on the diagonal) gets ``is_causal``/``alignment`` as they are; a
+    causal block whose diagonal is elsewhere (query and key chunks of
+    different sizes, or Lk - Lq not a multiple of the chunk) is split by
+    rows into at most two calls on views of it, without a mask; with a
+    ``window`` or ALiBi such a block gets the band as an explicit (lq, lk)
+    bool mask (combined with ``attn_mask``).
 
     Every variant is supported with chunked keys and queries: ``softcap`` is
     per score; ``key_lengths``/``query_lengths`` are shifted by the block's

@@ -325,3 +325,20 @@ def test_distributed_gqa_blhd(client):
     expected = attnx.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
                                                   layout="blhd", window=(100, None), softcap=5.0)
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("is_causal", [True, "lower_right"])
+@pytest.mark.parametrize("shapes", [((37, 53), (10, 16)), ((53, 37), (16, 10)), ((40, 41), (8, 8))])
+def test_causal_blocks_off_the_corner_build_no_mask(monkeypatch, is_causal, shapes):
+    """Causal blocks whose diagonal is not a corner (chunks of different sizes, or
+    Lk - Lq not a multiple of the chunk) are split by rows, not given an
+    (lq, lk) mask; with a user mask, lengths and sinks too."""
+    def no_mask(*args, **kwargs):
+        raise AssertionError("a causal block built a position mask")
+    monkeypatch.setattr(adask, "_position_mask", no_mask)
+    (Lq, Lk), (cq, ck) = shapes
+    rng = _rng(19, Lq, cq, len(str(is_causal)))
+    q, k, v = _qkv(rng, (2, 2, Lq, 8), (2, 2, Lk, 8))
+    _check(q, k, v, (1, 2, cq, 8), (1, 2, ck, 8), mask=rng.random((2, 1, Lq, Lk)) > 0.2,
+           is_causal=is_causal, key_lengths=[Lk - 3, 5], query_lengths=[Lq, Lq // 2],
+           sinks=[0.5, -1.0])
