@@ -37,6 +37,18 @@ RTOL = 5e-6
 
 # --------------------------------------------------------------------- ISAs
 
+def under_asan():
+    """True in a process with AddressSanitizer's runtime loaded (tools/sanitize.sh
+    preloads it). Its quarantine keeps freed memory resident (256 MiB by default)
+    and its shadow memory reserves terabytes of address space, so tests that
+    measure or limit memory skip there."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libasan" in f.read()
+    except OSError:
+        return False
+
+
 def _selected_isas():
     """The ISAs the ``isa`` fixture runs over (respects ATTNX_ISA)."""
     available = list(_attnx.available_isas())

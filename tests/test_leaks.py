@@ -33,26 +33,17 @@ import pytest
 
 import attnx
 from attnx import _attnx
-from conftest import assert_close
+from conftest import assert_close, under_asan
 
 sdpa = attnx.scaled_dot_product_attention
 
 N_CALLS = 2000
 
 
-def _under_asan():
-    """True in a process with AddressSanitizer's runtime (tools/sanitize.sh):
-    its quarantine keeps freed memory resident and its shadow memory makes an
-    address-space limit meaningless, so the RSS and RLIMIT_AS tests skip there
-    (ASan's own checks cover that ground)."""
-    try:
-        with open("/proc/self/maps") as f:
-            return "libasan" in f.read()
-    except OSError:
-        return False
-
-
-asan_skip = pytest.mark.skipif(_under_asan(), reason="under AddressSanitizer (see _under_asan)")
+# ASan's quarantine keeps freed memory resident and its shadow memory makes an
+# address-space limit meaningless: the RSS and RLIMIT_AS tests skip there
+# (ASan's own checks cover that ground).
+asan_skip = pytest.mark.skipif(under_asan(), reason="under AddressSanitizer (see conftest.under_asan)")
 
 
 def _refcounts(objs):

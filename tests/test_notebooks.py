@@ -7,6 +7,8 @@ import pathlib
 
 import pytest
 
+from conftest import under_asan
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 NOTEBOOKS = ["tour.ipynb", "compare.ipynb", "train.ipynb", "dask.ipynb"]
 CELL_TIMEOUT = 180          # seconds per cell; the whole compare notebook takes ~20 s
@@ -27,6 +29,12 @@ def test_committed_without_outputs(name):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, tmp_path):
+    if name == "dask.ipynb" and under_asan():
+        # Its point is a 400 MiB limit per worker, and under ASan (tools/sanitize.sh) each
+        # worker holds ~350 MiB before any task: the quarantine keeps freed memory resident,
+        # so the nanny kills the workers (KilledWorker). attnx.dask's code runs under ASan
+        # in tests/test_dask.py, on a LocalCluster too.
+        pytest.skip("dask.ipynb under AddressSanitizer: its workers' 400 MiB limit (see conftest.under_asan)")
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
