@@ -219,29 +219,40 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
-    def decode(self, Lk: int, H: int, D: int) -> Row:
-        """Lq = 1: bandwidth bound; report GB/s of K and V read against a plain read."""
+    def decode(self, Lk: int, H: int, D: int) -> List[Row]:
+        """Lq = 1: bandwidth bound; report GB/s of K and V read against a plain
+        read, over a float32 cache and over the same cache in float16."""
         attnx = self.attnx
         attnx.set_num_threads(self.threads)
         q, k, v = _inputs(1, H, H, 1, Lk, D)                 # K + V: 256 MiB, out of every cache
-        t_attn, = _time([lambda: attnx.scaled_dot_product_attention(q, k, v)], self.repeats)
-        gbs = (k.nbytes + v.nbytes) / t_attn / 1e9
-        read = read_bandwidth(self.threads)
-        row: Row = {"case": f"decode Lq=1 Lk={Lk} H={H} D={D}", "threads": self.threads,
-               "attnx_s": t_attn, "attnx_gflops": 4.0 * H * Lk * D / t_attn / 1e9,
-               "attnx_GBps": gbs, "numpy_read_GBps": read,
-               "note": f"reads K+V at {gbs:.1f} GB/s = {gbs / read:.0%} of np.max's "
-                       f"{read:.1f} GB/s on {self.threads} thread(s)"}
+        k16, v16 = k.astype(np.float16), v.astype(np.float16)
+        fns: List[Callable[[], object]] = [lambda: attnx.scaled_dot_product_attention(q, k, v),
+                                           lambda: attnx.scaled_dot_product_attention(q, k16, v16)]
         if self.torch:
             tq, tk, tv = (self.torch.from_numpy(x) for x in (q, k, v))
             self.torch.set_num_threads(self.threads)
-            t_attn, t_torch = _time([lambda: attnx.scaled_dot_product_attention(q, k, v),
-                                     lambda: self.F.scaled_dot_product_attention(tq, tk, tv)], self.repeats)
-            row["torch_gflops"] = 4.0 * H * Lk * D / t_torch / 1e9
-            row["vs_torch"] = t_torch / t_attn
-        self.emit(row)
+            fns.append(lambda: self.F.scaled_dot_product_attention(tq, tk, tv))
+        times = _time(fns, self.repeats)
+        read = read_bandwidth(self.threads)
+        rows: List[Row] = []
+        for name, t, nbytes in (("decode", times[0], k.nbytes + v.nbytes),
+                                ("decode float16 cache", times[1], k16.nbytes + v16.nbytes)):
+            gbs = nbytes / t / 1e9
+            row: Row = {"case": f"{name} Lq=1 Lk={Lk} H={H} D={D}", "threads": self.threads,
+                        "attnx_s": t, "attnx_gflops": 4.0 * H * Lk * D / t / 1e9,
+                        "attnx_GBps": gbs, "numpy_read_GBps": read,
+                        "note": f"reads K+V at {gbs:.1f} GB/s = {gbs / read:.0%} of np.max's "
+                                f"{read:.1f} GB/s on {self.threads} thread(s)"}
+            if rows:
+                row["vs_float32_cache"] = times[0] / t
+                row["note"] += f"; {times[0] / t:.2f}x faster than the float32 cache"
+            elif self.torch:
+                row["torch_gflops"] = 4.0 * H * Lk * D / times[2] / 1e9
+                row["vs_torch"] = times[2] / t
+            self.emit(row)
+            rows.append(row)
         attnx.set_num_threads(0)
-        return row
+        return rows
 
     def _row(self, name: str, flops: float, times: Dict[str, float], nt: int) -> Row:
         row: Row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
@@ -520,7 +531,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(b.case("B=1 H=8 L=1024 D=64, 1 thread", 1, 8, 8, 1024, 1024, 64, threads=1))
     rows.append(b.case("  same, causal", 1, 8, 8, 1024, 1024, 64, causal=True))
     rows.append(b.case("  same, need_weights", 1, 8, 8, 1024, 1024, 64, need_weights=True, numpy=True))
-    rows.append(b.decode(8192, 32, 128))
+    rows.extend(b.decode(8192, 32, 128))
     if not b.quick:
         rows.append(b.memory(16384, 8, 64))
     rows.append(b.backward(f"fwd+bwd B=1 H=8 L=1024 D=64, {nt} threads", 1, 8, 1024, 64))

@@ -101,6 +101,14 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
 static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0,
                        int nk, const float *alpha)
 {
+    const attnx_problem *p = jb->run.p;
+    if (p->v16.data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
+        const attnx_half_tensor *v = &p->v16;
+        jb->run.kt->pv_half(s->st, BQ, it->nq,
+                            v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl, v->sl, nk, p->Dv,
+                            alpha, s->acc, jb->plan.ldacc);
+        return;
+    }
     int64_t v_sl;
     const float *v = attnx_kv_rows(&jb->run, 1, it->b, it->hk, j0, nk, s->vbuf, &v_sl);
     jb->run.kt->pv(s->st, BQ, it->nq, v, v_sl, nk, jb->run.p->Dv, alpha, s->acc, jb->plan.ldacc);

@@ -132,6 +132,12 @@ typedef struct attnx_kernels {
      * the rows converted by half_rows.  k: (nk, D) halves, rows k_sl apart */
     void (*qk_dot_half)(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl, int nk,
                         float *st, int64_t ldq);
+
+    /* pv for few queries (decoding) over half-precision values, converted in
+     * registers as they are read: the same results, bit for bit, as pv on the
+     * rows converted by half_rows.  v: (nk, Dv) halves, rows v_sl apart */
+    void (*pv_half)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
+                    int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
 } attnx_kernels;
 
 /* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the

@@ -342,10 +342,12 @@ static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t D
 /* ---- output: acc = alpha * acc + Pᵀ · V -----------------------------------
  * Register block: MR queries × NV vectors of Dv; each step broadcasts
  * p[j][i] and multiplies a vector of the value row v[j]. The last vector of a
- * row may be partial (TAIL lanes, masked loads and stores). */
+ * row may be partial (TAIL lanes, masked loads and stores). Values in float32,
+ * or in half precision converted as they are loaded (half = 1, as qk_dot_any:
+ * the same bits as on converted rows). */
 ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const float *pt,
-                           int64_t s_sum, int64_t s_row, const float *v, int64_t v_sl, int nk,
-                           const float *alpha, float *acc, int64_t ldacc)
+                           int64_t s_sum, int64_t s_row, const void *v, int64_t v_sl, int nk,
+                           const float *alpha, float *acc, int64_t ldacc, const int half)
 {
     const VMASK mk = V_MASK(tail ? tail : W);
     VF a[PV_MR][PV_NV];
@@ -359,9 +361,10 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
     }
     for (int j = 0; j < nk; j++) {
         VF vv[PV_NV];
-        for (int c = 0; c < NV; c++)
-            vv[c] = (tail && c == NV - 1) ? V_LOAD_M(v + j * v_sl + c * W, mk)
-                                          : V_LOAD(v + j * v_sl + c * W);
+        for (int c = 0; c < NV; c++) {
+            const void *x = key_at(v, j * v_sl + c * W, half);
+            vv[c] = (tail && c == NV - 1) ? key_tail(x, tail, mk, half) : key_load(x, half);
+        }
         for (int r = 0; r < MR; r++) {
             const VF p = V_BCAST(pt + j * s_sum + r * s_row);
             for (int c = 0; c < NV; c++) a[r][c] = V_FMA(p, vv[c], a[r][c]);
@@ -378,20 +381,20 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
 
 /* pv: rows r are queries, the sum runs over keys j: element pt[j*ldq + r].
  * ptx: rows r are keys, the sum runs over queries i: element pt[r*ldq + i]. */
-#define PV_CASE(mr, nv)                                                                         \
-    case (mr) * 8 + (nv):                                                                       \
-        if (tail)                                                                               \
-            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, v + d0, v_sl, nk, al, ai + d0, \
-                     ldacc);                                                                    \
-        else                                                                                    \
-            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, v + d0, v_sl, nk, al, ai + d0,    \
-                     ldacc);                                                                    \
+#define PV_CASE(mr, nv)                                                                          \
+    case (mr) * 8 + (nv):                                                                        \
+        if (tail)                                                                                \
+            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, key_at(v, d0, half), v_sl, nk,  \
+                     al, ai + d0, ldacc, half);                                                  \
+        else                                                                                     \
+            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, key_at(v, d0, half), v_sl, nk, al, \
+                     ai + d0, ldacc, half);                                                      \
         break;
 
 /* acc (nrow, ldacc) [+]= Σ_t pt[t*s_sum + r*s_row] · v[t*v_sl + :] over t < nsum */
-ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, const float *v,
+ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, const void *v,
                          int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
-                         int64_t ldacc)
+                         int64_t ldacc, const int half)
 {
     const int64_t nvec = (Dv + W - 1) / W;
     for (int i = 0; i < nq; i += PV_MR) {
@@ -414,7 +417,14 @@ ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, 
 static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,
                        int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
 {
-    pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc);
+    pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, 0);
+}
+
+// pt: (nk, ldq)  v: (nk, Dv) halves, rows v_sl apart  acc: (nq, ldacc)
+static void SUFFIX(pv_half)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                            int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, 1);
 }
 
 /* ---- backward: acc (nk rows) += Pᵀ-tile · x ------------------------------- */
@@ -422,7 +432,7 @@ static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int
 static void SUFFIX(ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl, int nk,
                         int64_t n, float *acc, int64_t ldacc)
 {
-    pv_any(pt, 1, ldq, nk, x, x_sl, nq, n, NULL, acc, ldacc);
+    pv_any(pt, 1, ldq, nk, x, x_sl, nq, n, NULL, acc, ldacc, 0);
 }
 
 /* ---- backward: dS = P ∘ (dP − d), one query per lane; exactly 0 where P is 0
@@ -533,4 +543,5 @@ const attnx_kernels SUFFIX(attnx_kernels) = {
     .alibi = SUFFIX(alibi),
     .half_rows = SUFFIX(half_rows),
     .qk_dot_half = SUFFIX(qk_dot_half),
+    .pv_half = SUFFIX(pv_half),
 };

@@ -207,6 +207,22 @@ static void qk_dot_half_scalar(const float *qr, int64_t D, int nq, const uint16_
         }
 }
 
+// pt: (nk, ldq)  v: (nk, Dv) halves, rows v_sl apart  acc: (nq, ldacc)
+static void pv_half_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                           int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    for (int i = 0; i < nq; i++) {
+        float *ai = acc + i * ldacc;
+        if (alpha)
+            for (int64_t d = 0; d < Dv; d++) ai[d] *= alpha[i];
+        for (int j = 0; j < nk; j++) {
+            const float p = pt[j * ldq + i];
+            const uint16_t *vj = v + j * v_sl;
+            for (int64_t d = 0; d < Dv; d++) ai[d] += p * attnx_half_to_float(vj[d]);
+        }
+    }
+}
+
 const attnx_kernels attnx_kernels_scalar = {
     .qk = qk_scalar,
     .qk_dot = qk_dot_scalar,
@@ -225,4 +241,5 @@ const attnx_kernels attnx_kernels_scalar = {
     .alibi = alibi_scalar,
     .half_rows = half_rows_scalar,
     .qk_dot_half = qk_dot_half_scalar,
+    .pv_half = pv_half_scalar,
 };

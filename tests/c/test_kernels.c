@@ -596,8 +596,8 @@ static void test_score_steps(const char *isa, const attnx_kernels *kt)
     end();
 }
 
-/* ---- half precision: half_rows exact; qk_dot_half the same bits as qk_dot on
- * the converted rows ----------------------------------------------------------- */
+/* ---- half precision: half_rows exact; qk_dot_half and pv_half the same bits as
+ * qk_dot and pv on the converted rows ------------------------------------------ */
 
 /* A half with random sign, exponent and mantissa (inf and NaN included). */
 static uint16_t random_half(void) { return (uint16_t)(urand() * 65536.0); }
@@ -621,12 +621,27 @@ static void half_case(const attnx_kernels *kt, int nq, int nk, int D)
     kt->qk_dot_half(qr, D, nq, h, sl, nk, st, LDQ);
     kt->qk_dot(qr, D, nq, f, D, nk, st2, LDQ);
     compare_tile(st, st2, nk, nq, 1, NULL, "qk_dot_half");
-    free(h), free(f), free(ref), free(qr), free(st), free(st2);
+    /* pv_half against pv on the converted rows; with and without the rescale */
+    const int64_t ldacc = D + 2;
+    float *acc = guarded((size_t)nq * ldacc + 1), *acc2 = guarded((size_t)nq * ldacc + 1);
+    float alpha[ATTNX_ROUND16(4)];
+    for (int i = 0; i < nq; i++) alpha[i] = (float)urand();
+    for (int rescale = 0; rescale < 2; rescale++) {
+        for (int64_t x = 0; x < nq * ldacc; x++) acc[x] = acc2[x] = nrand();
+        kt->pv_half(st2, LDQ, nq, h, sl, nk, D, rescale ? alpha : NULL, acc, ldacc);
+        kt->pv(st2, LDQ, nq, f, D, nk, D, rescale ? alpha : NULL, acc2, ldacc);
+        cur.cases++;
+        for (int i = 0; i < nq; i++)
+            for (int d = 0; d < D; d++)
+                expect_same(acc[i * ldacc + d], acc2[i * ldacc + d], "pv_half", i, d);
+        expect(acc[nq * ldacc] == GUARD, "pv_half wrote past its rows");
+    }
+    free(h), free(f), free(ref), free(qr), free(st), free(st2), free(acc), free(acc2);
 }
 
 static void test_half(const char *isa, const attnx_kernels *kt)
 {
-    begin(isa, "half_rows, qk_dot_half", "identical");
+    begin(isa, "half_rows, qk_dot_half, pv_half", "identical");
     for (int nq = 1; nq <= kt->dot_max_nq; nq++)
         for (int nk = 1; nk <= 9; nk += 4)
             for (int D = 1; D <= SMAX; D += 3) half_case(kt, nq, nk, D);
