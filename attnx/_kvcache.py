@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, SupportsIndex
+from typing import Any, Literal, Optional, SupportsIndex, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from ._args import as_array, nonnegative_int, positive_int, shape_str
+from ._args import as_array, float_array, nonnegative_int, positive_int, shape_str
 from ._functional import scaled_dot_product_attention
 
 __all__ = ["KVCache"]
@@ -54,8 +54,18 @@ class KVCache:
                 f"head_dim={self.head_dim}, value_dim={self.value_dim}, dtype={self.k.dtype}, "
                 f"lengths={self.lengths.tolist()})")
 
+    def _lengths(self) -> NDArray[np.int64]:
+        """``lengths`` as the cache can use it: (batch,) integers in [0, max_len]
+        (it is a public attribute: a caller may have set it)."""
+        n = np.asarray(self.lengths)
+        if n.shape != (self.batch,) or n.dtype.kind not in "iu" or \
+                (n.size and (n.min() < 0 or n.max() > self.max_len)):
+            raise ValueError(f"KVCache.lengths must be {self.batch} integers in [0, max_len="
+                             f"{self.max_len}]; got {n.tolist()!r} ({n.dtype})")
+        return n.astype(np.int64, copy=False)
+
     def _new(self, x: object, name: str, width: int) -> NDArray[Any]:
-        a = as_array(x, name)
+        a = float_array(x, name)
         if a.ndim != 4 or a.shape[:2] != (self.batch, self.heads) or a.shape[3] != width:
             raise ValueError(f"{name} must be (batch, heads, n, {width}) = ({self.batch}, "
                              f"{self.heads}, n, {width}); got {shape_str(a)}")
@@ -73,14 +83,42 @@ class KVCache:
         if v.shape[2] != n:
             raise ValueError(f"k_new and v_new must hold the same number of tokens; got "
                              f"{shape_str(k)} and {shape_str(v)}")
-        if self.batch and int(self.lengths.max()) + n > self.max_len:
+        lengths = self._lengths()
+        if self.batch and int(lengths.max()) + n > self.max_len:
             raise ValueError(f"the cache is full: appending {n} token(s) to lengths "
-                             f"{self.lengths.tolist()} would pass max_len={self.max_len}")
+                             f"{lengths.tolist()} would pass max_len={self.max_len}")
         for b in range(self.batch):
-            at = int(self.lengths[b])
+            at = int(lengths[b])
             self.k[b, :, at:at + n] = k[b]
             self.v[b, :, at:at + n] = v[b]
-        self.lengths += n
+        lengths += n             # in place: the cache's own array, unless a caller replaced it
+        self.lengths = lengths
+
+    @overload
+    def attend(self, q: object, *, need_weights: Literal[False] = False,
+               return_lse: Literal[False] = False, **options: Any,
+               ) -> NDArray[np.float32]: ...
+
+    @overload
+    def attend(self, q: object, *, need_weights: Literal[True],
+               return_lse: Literal[False] = False, **options: Any,
+               ) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
+
+    @overload
+    def attend(self, q: object, *, need_weights: Literal[False] = False,
+               return_lse: Literal[True], **options: Any,
+               ) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
+
+    @overload
+    def attend(self, q: object, *, need_weights: Literal[True],
+               return_lse: Literal[True], **options: Any,
+               ) -> Tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]: ...
+
+    @overload
+    def attend(self, q: object, *, need_weights: bool = False,
+               return_lse: bool = False, **options: Any,
+               ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]],
+                        Tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]]: ...
 
     def attend(self, q: object, **options: Any) -> Any:
         """Attention of n new queries over the cache, causal from the bottom right.
@@ -90,21 +128,42 @@ class KVCache:
         options: any keyword of :func:`attnx.scaled_dot_product_attention` but
         the masks and the layout (scale, window, sinks, softcap, alibi_slopes,
         return_lse, need_weights). Returns what that function returns.
+
+        When the sequences' ``lengths`` differ (set through ``lengths``), each is
+        computed over its own keys, with its own row of a per-sequence ``sinks``,
+        ``alibi_slopes`` (batch, Hq) or ``query_lengths`` (batch,); the weights
+        are then (batch, Hq, n, max(lengths)), zero past a sequence's length.
         """
         for bad in ("attn_mask", "is_causal", "key_lengths", "layout", "enable_gqa"):
             if bad in options:
                 raise TypeError(f"KVCache.attend sets {bad} itself; got {bad}={options[bad]!r}")
-        qa = as_array(q, "q")
+        qa = float_array(q, "q")
         if qa.ndim != 4 or qa.shape[0] != self.batch or qa.shape[3] != self.head_dim:
             raise ValueError(f"q must be (batch, Hq, n, head_dim) = ({self.batch}, Hq, n, "
                              f"{self.head_dim}); got {shape_str(qa)}")
         kw = dict(options, is_causal="lower_right", enable_gqa=True)
-        if self.batch and (self.lengths == self.lengths[0]).all():
-            L = int(self.lengths[0])       # one call over the filled part: views, no copy
+        lengths = self._lengths()
+        if self.batch and (lengths == lengths[0]).all():
+            L = int(lengths[0])       # one call over the filled part: views, no copy
             return scaled_dot_product_attention(qa, self.k[:, :, :L], self.v[:, :, :L], **kw)
         parts = [scaled_dot_product_attention(qa[b:b + 1], self.k[b:b + 1, :, :int(n)],
-                                              self.v[b:b + 1, :, :int(n)], **kw)
-                 for b, n in enumerate(self.lengths)]
-        if isinstance(parts[0], tuple):
-            return tuple(np.concatenate(x) for x in zip(*parts))
-        return np.concatenate(parts)
+                                              self.v[b:b + 1, :, :int(n)], **self._row(kw, b))
+                 for b, n in enumerate(lengths)]
+        if not isinstance(parts[0], tuple):
+            return np.concatenate(parts)
+        if options.get("need_weights"):      # (1, Hq, n, lengths[b]): zeros up to the longest
+            L = int(lengths.max())
+            parts = [(p[0], np.pad(p[1], [(0, 0)] * 3 + [(0, L - p[1].shape[3])])) + p[2:]
+                     for p in parts]
+        return tuple(np.concatenate(x) for x in zip(*parts))
+
+    def _row(self, kw: dict[str, Any], b: int) -> dict[str, Any]:
+        """Sequence b's options: row b of a per-sequence sinks/alibi_slopes
+        (batch, Hq) or query_lengths (batch,); the others as they are."""
+        row = dict(kw)
+        for name, ndim in (("sinks", 2), ("alibi_slopes", 2), ("query_lengths", 1)):
+            if kw.get(name) is not None:
+                a = as_array(kw[name], name)
+                if a.ndim == ndim and a.shape[0] == self.batch:
+                    row[name] = a[b:b + 1]
+        return row

@@ -14,8 +14,8 @@ from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple, Unio
 import numpy as np
 from numpy.typing import NDArray
 
-from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, float_array,
-                    integer_array, shape_str, small_float_array)
+from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, check_flag,
+                    float_array, integer_array, shape_str, small_float_array)
 from ._functional import scaled_dot_product_attention
 from ._grad import AttentionGrads, scaled_dot_product_attention_backward
 
@@ -145,6 +145,7 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     >>> attnx.varlen_attention(x, x, x, cu, cu, is_causal=True).shape
     (7, 2, 8)
     """
+    return_lse = check_flag(return_lse, "return_lse")
     opts = dict(scale=scale, is_causal=is_causal, enable_gqa=enable_gqa, window=window,
                 softcap=softcap, alignment=alignment)
     out, lse = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, opts, sinks,
