@@ -73,6 +73,16 @@ def scaled_dot_product_attention_backward(
     axes, None for a bool mask). Keys past ``key_lengths``, query rows past
     ``query_lengths`` and rows with no allowed key get zero gradients. float32.
     Deterministic: the same bits on every run with a given thread count.
+
+    Example
+    -------
+    >>> import numpy as np, attnx
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((1, 2, 4, 8), dtype=np.float32) for _ in range(3))
+    >>> out, lse = attnx.scaled_dot_product_attention(q, k, v, return_lse=True)
+    >>> g = attnx.scaled_dot_product_attention_backward(np.ones_like(out), q, k, v, out, lse)
+    >>> g.query.shape, g.value.shape, g.attn_mask
+    ((1, 2, 4, 8), (1, 2, 4, 8), None)
     """
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                        layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,

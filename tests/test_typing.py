@@ -64,8 +64,18 @@ attnx.set_num_threads("2")                                             # line 13
 mha = attnx.MultiHeadAttention(16, 2)
 n: str = mha.d_head                                                    # line 15: an int
 attnx._attnx.forward(q, q, q)                                          # line 16: too few arguments
+ol: NDArray[np.float32] = attnx.scaled_dot_product_attention(q, q, q, return_lse=True)  # 17: a pair
+attnx.scaled_dot_product_attention(q, q, q, window=4)                  # line 18: not a pair
+attnx.scaled_dot_product_attention(q, q, q, alignment="center")        # line 19: not an alignment
+g = attnx.scaled_dot_product_attention_vjp(q, q, q)[1](q)
+g.dq                                                                   # line 21: no such field
+m: NDArray[np.float32] = attnx.merge_attention([q], [q])               # line 22: (out, lse)
+p: dict[str, int] = mha.parameters()                                   # line 23: arrays
+cache = attnx.KVCache(1, 2, 8, 4)
+kv: tuple[NDArray[np.float32], NDArray[np.float32]] = cache.attend(q)  # line 25: an ndarray
+cache.append(q)                                                        # line 26: k_new and v_new
 '''
-BAD_LINES = {6, 7, 8, 9, 11, 12, 13, 15, 16}
+BAD_LINES = {6, 7, 8, 9, 11, 12, 13, 15, 16, 17, 18, 19, 21, 22, 23, 25, 26}
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +133,9 @@ def test_mypy_sees_the_annotations(mypy_run, tmp_path):
 
 # public names whose docstrings this project maintains here (plot_attention has its own tests)
 DOCUMENTED = ["scaled_dot_product_attention", "MultiHeadAttention", "causal_mask",
-              "padding_mask", "reference", "get_num_threads", "set_num_threads", "isa"]
+              "padding_mask", "reference", "get_num_threads", "set_num_threads", "isa",
+              "scaled_dot_product_attention_vjp", "scaled_dot_product_attention_backward",
+              "merge_attention"]
 
 
 @pytest.mark.parametrize("name", DOCUMENTED)
@@ -140,7 +152,7 @@ def test_public_api_has_docstrings_with_examples(name):
         assert "(B" in doc and "Lq" in doc and "Lk" in doc, f"{name}: shapes missing"
         assert "True = may attend" in doc, f"{name}: mask convention missing"
     if name == "MultiHeadAttention":
-        for method in ("__call__", "load_torch", "from_torch"):
+        for method in ("__call__", "vjp", "load_torch", "from_torch"):
             assert ">>>" in (inspect.getdoc(getattr(obj, method)) or ""), f"{name}.{method}"
     # the signature is annotated (what help() and editors show)
     target = obj.__init__ if inspect.isclass(obj) else obj
