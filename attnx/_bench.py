@@ -207,14 +207,7 @@ class _Bench:
             names.append("numpy")
         settle = [names.index("numpy")] if numpy else []
         times = dict(zip(names, _time(fns, self.repeats, settle)))
-        flops = 4.0 * B * Hq * Lq * Lk * D
-        row: Row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
-               "attnx_gflops": flops / times["attnx"] / 1e9}
-        for n in ("torch", "numpy"):
-            if n in times:
-                row[f"{n}_s"] = times[n]
-                row[f"{n}_gflops"] = flops / times[n] / 1e9
-                row[f"vs_{n}"] = times[n] / times["attnx"]
+        row = self._row(name, 4.0 * B * Hq * Lq * Lk * D, times, nt)
         self.emit(row)
         attnx.set_num_threads(0)
         return row
