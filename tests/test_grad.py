@@ -194,19 +194,23 @@ def test_fully_masked_rows_get_zero_gradients(isa, rng):
     assert not g.query[0, 0, 2].any()
 
 
-def test_backward_is_deterministic(rng):
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_backward_is_deterministic(rng, threads):
     """The same bits on every run at a given thread count, also when the keys
-    are split across threads (few heads)."""
-    attnx.set_num_threads(2)
+    are split across threads (few heads), for the group sums of GQA and the
+    float mask's gradient (summed over a broadcast axis) too."""
+    attnx.set_num_threads(threads)
     try:
-        for B, H in ((1, 8), (1, 1)):
-            q, k, v = make_qkv(rng, B=(B,), Hq=H, Lq=300, Lk=700, E=32)
-            out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, is_causal=True)
+        for B, Hq, Hk in ((1, 8, 8), (1, 1, 1), (2, 4, 2)):
+            q, k, v = make_qkv(rng, B=(B,), Hq=Hq, Hk=Hk, Lq=300, Lk=700, E=32)
+            mask = randn(rng, (B, 1, 300, 700))          # broadcast over heads
+            out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, attn_mask=mask,
+                                                              is_causal=True, enable_gqa=Hq != Hk)
             dout = randn(rng, out.shape)
             first = vjp(dout)
-            for _ in range(5):
+            for _ in range(4):
                 again = vjp(dout)
-                for a, b in zip(first[:3], again[:3]):
+                for a, b in zip(first[:4], again[:4]):
                     assert np.array_equal(a, b)
     finally:
         attnx.set_num_threads(0)
