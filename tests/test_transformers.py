@@ -1,7 +1,10 @@
 """attn_implementation="attnx" in Hugging Face transformers models built from
 small configs with random weights (nothing is downloaded): the same hidden
 states as the models' own "sdpa" (or "eager", where sdpa cannot express the
-model: softcap, sinks), the same greedy generate() tokens, the same gradients."""
+model: softcap, sinks), the same greedy generate() tokens, the same gradients;
+a user's own 4-D additive float attention_mask (with -inf and -1e9 entries) in
+BERT and Llama: the same hidden states as "sdpa" and the same gradients,
+the mask's included."""
 
 import copy
 
@@ -136,3 +139,57 @@ def test_training_with_attention_dropout_is_refused():
         model(input_ids=ids, attention_mask=mask)
     model.eval()                              # no dropout at inference: fine
     model(input_ids=ids, attention_mask=mask)
+
+
+def user_float_mask(name, dtype=torch.float32):
+    """An additive float mask the user builds and passes as ``attention_mask``,
+    4-D (B, 1, Lq, Lk) (transformers hands a 4-D mask to the attention as it is,
+    with no causal flag): a soft bias on every score (additive, not a boolean in
+    disguise), -inf on two keys of the first sequence, -1e9 on the padded keys of
+    the second (as masks built by hand from ``(1 - mask) * -1e9`` are) and, for
+    the decoders, -inf above the diagonal. No query row is left without a key.
+    Returns the mask and the (B, L) real positions."""
+    g = torch.Generator().manual_seed(3)
+    m = -torch.rand(2, 1, 17, 17, generator=g, dtype=torch.float64)
+    m[0, :, :, [3, 10]] = float("-inf")
+    real = torch.ones(2, 17, dtype=torch.bool)
+    if name == "bert":
+        m[1, :, :, -5:] = -1e9
+        real[1, -5:] = False
+    else:
+        m = m.masked_fill(torch.ones(17, 17, dtype=torch.bool).triu(1), float("-inf"))
+        m[1, :, :, :5] = -1e9
+        real[1, :5] = False
+    return m.to(dtype), real
+
+
+@pytest.mark.parametrize("name", ["bert", "llama_gqa"])
+def test_user_float_4d_mask_matches_the_models_own_attention(name):
+    """A user's own 4-D additive float mask (BERT-style encoder; a GQA decoder
+    whose mask holds the causal part too): the same hidden states as "sdpa" and
+    the mask's and every parameter's gradient (the mask requires grad), each
+    measured against the model in float64 "eager" as in test_gradients_match."""
+    ids, _ = inputs()
+    runs = {}
+    for impl, dtype in (("attnx", torch.float32), ("sdpa", torch.float32), ("eager", torch.float64)):
+        model = build(name, impl).to(dtype)
+        mask, real = user_float_mask(name, dtype)
+        mask.requires_grad_(True)
+        out = result(model(input_ids=ids, attention_mask=mask))
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        (out * w.to(dtype) * real[..., None]).sum().backward()     # a random upstream gradient
+        grads = {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+        grads["attention_mask"] = mask.grad.double()
+        runs[impl] = out.detach().double(), grads
+    (a, ours), (b, theirs), (_, exact) = runs["attnx"], runs["sdpa"], runs["eager"]
+    err = (a - b)[real].abs().max() / b[real].abs().max()
+    assert err < 1e-5, f"{name}: relative difference {float(err):.2e}"
+    assert ours.keys() == theirs.keys() == exact.keys() and len(ours) > 1
+    assert ours["attention_mask"][:, :, :, [3, 10]][0].abs().max() == 0     # -inf keys: no gradient
+    assert ours["attention_mask"].abs().max() > 0
+    for n, g in exact.items():
+        err, ref_err = (ours[n] - g).abs(), (theirs[n] - g).abs()
+        tol = 1e-5 + 1.3e-6 * g.abs()                 # torch.testing's float32 defaults
+        ok = (err <= tol) | (err <= 2 * ref_err.max() + tol)
+        assert bool(ok.all()), (f"{n}: attnx off by {float(err.max()):.2e}, the model's own "
+                                f"attention by {float(ref_err.max()):.2e}")
