@@ -247,15 +247,25 @@ def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,
     >>> bool(np.allclose(out, attnx.scaled_dot_product_attention(q, k, v), atol=1e-6))
     True
     """
+    try:
+        outs, lses = list(outs), list(lses)
+    except TypeError:
+        raise TypeError(f"outs and lses must be sequences of arrays, one per set of keys; got "
+                        f"{type(outs).__name__} and {type(lses).__name__}") from None
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty sequences of the same length; got "
                          f"{len(outs)} and {len(lses)}")
     check_layout(layout)
+    min_ndim = 2 if layout == "bhld" else 3
     os_: List[F32] = [as_float(o, f"outs[{i}]") for i, o in enumerate(outs)]
     ls: List[F32] = [as_float(x, f"lses[{i}]") for i, x in enumerate(lses)]
     for i, (o, lse) in enumerate(zip(os_, ls)):
+        if o.ndim < min_ndim:
+            raise ValueError(f"outs[{i}] must have at least {min_ndim} dimensions "
+                             f"({'(B..., H, Lq, Ev)' if layout == 'bhld' else '(B..., Lq, H, Ev)'}); "
+                             f"got {shape_str(o)}")
         rows = o.shape[:-1] if layout == "bhld" else o.shape[:-3] + (o.shape[-2], o.shape[-3])
-        if o.ndim < 2 or o.shape != os_[0].shape or lse.shape != rows:
+        if o.shape != os_[0].shape or lse.shape != rows:
             raise ValueError(f"outs[{i}] {shape_str(o)} and lses[{i}] {shape_str(lse)} must match "
                              f"outs[0] {shape_str(os_[0])} and its rows (B..., H, Lq)")
     L = np.stack(ls)                                        # (S, B..., H, Lq)

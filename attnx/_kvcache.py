@@ -42,11 +42,19 @@ class KVCache:
         self.max_len = nonnegative_int(max_len, "max_len")
         self.head_dim = positive_int(head_dim, "head_dim")
         self.value_dim = self.head_dim if value_dim is None else positive_int(value_dim, "value_dim")
-        dt = np.dtype(dtype)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be float32 or float16; got {dtype!r}") from None
         if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
             raise TypeError(f"dtype must be float32 or float16; got {dt}")
-        self.k: NDArray[Any] = np.zeros((self.batch, self.heads, self.max_len, self.head_dim), dt)
-        self.v: NDArray[Any] = np.zeros((self.batch, self.heads, self.max_len, self.value_dim), dt)
+        try:
+            self.k: NDArray[Any] = np.zeros((self.batch, self.heads, self.max_len, self.head_dim), dt)
+            self.v: NDArray[Any] = np.zeros((self.batch, self.heads, self.max_len, self.value_dim), dt)
+        except ValueError:      # NumPy's "array is too big": the sizes' product overflows
+            raise ValueError(f"KVCache too big: batch={self.batch} x heads={self.heads} x "
+                             f"max_len={self.max_len} x (head_dim={self.head_dim} + value_dim="
+                             f"{self.value_dim}) elements of {dt}") from None
         self.lengths: NDArray[np.int64] = np.zeros(self.batch, np.int64)
 
     def __repr__(self) -> str:
@@ -62,7 +70,8 @@ class KVCache:
                 (n.size and (n.min() < 0 or n.max() > self.max_len)):
             raise ValueError(f"KVCache.lengths must be {self.batch} integers in [0, max_len="
                              f"{self.max_len}]; got {n.tolist()!r} ({n.dtype})")
-        return n.astype(np.int64, copy=False)
+        n = n.astype(np.int64, copy=False)
+        return n if n.flags.writeable else n.copy()     # append updates it in place
 
     def _new(self, x: object, name: str, width: int) -> NDArray[Any]:
         a = float_array(x, name)

@@ -42,6 +42,9 @@ def _per_sequence(x: object, name: str, n: int) -> Callable[[int], Optional[NDAr
     if x is None:
         return lambda i: None
     a = small_float_array(x, name)
+    if a.ndim > 2:
+        raise ValueError(f"{name} must be one value, (H,) or (N, H) (a row per sequence); got "
+                         f"shape {shape_str(a)}")
     if a.ndim == 2:
         if a.shape[0] != n:
             raise ValueError(f"{name} with shape {shape_str(a)}: a 2-D {name} needs one row per "
@@ -196,15 +199,19 @@ def varlen_attention_vjp(query: ArrayInput, key: ArrayInput, value: ArrayInput,
 
 def _sum_sinks(parts: Sequence[Optional[NDArray[Any]]],
                given: Optional[NDArray[Any]]) -> Optional[NDArray[Any]]:
-    """The sinks' gradient: summed over the sequences for (H,) sinks, a row each for (N, H)."""
+    """The sinks' gradient: a row each for (N, H) sinks; otherwise (one value, or
+    (H,)) summed over the sequences, in float64. Shaped like ``given``."""
     if given is None:
         return None
-    H = given.shape[-1]
-    rows = [np.zeros(H, np.float32) if p is None else p for p in parts]
     if given.ndim == 2:
+        H = given.shape[-1]
+        rows = [np.zeros(H, np.float32) if p is None else np.reshape(p, H) for p in parts]
         return np.stack(rows).astype(np.float32) if rows else np.zeros(given.shape, np.float32)
-    total = np.sum(rows, axis=0, dtype=np.float64) if rows else np.zeros(H)
-    return np.asarray(total, np.float32).reshape(given.shape)
+    total = np.zeros(given.shape, np.float64)
+    for p in parts:
+        if p is not None:
+            total += np.reshape(p, given.shape)
+    return total.astype(np.float32)
 
 
 def pack(x: ArrayInput, lengths: ArrayInput) -> Tuple[NDArray[Any], NDArray[np.int64]]:
