@@ -247,11 +247,11 @@ def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,
     >>> bool(np.allclose(out, attnx.scaled_dot_product_attention(q, k, v), atol=1e-6))
     True
     """
-    try:
-        outs, lses = list(outs), list(lses)
-    except TypeError:
-        raise TypeError(f"outs and lses must be sequences of arrays, one per set of keys; got "
-                        f"{type(outs).__name__} and {type(lses).__name__}") from None
+    for name, c in (("outs", outs), ("lses", lses)):
+        if not (isinstance(c, (list, tuple)) or (isinstance(c, np.ndarray) and c.ndim)):
+            raise TypeError(f"{name} must be a list or tuple of arrays (or one array stacking "
+                            f"them), one per set of keys; got {type(c).__name__}")
+    outs, lses = list(outs), list(lses)
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty sequences of the same length; got "
                          f"{len(outs)} and {len(lses)}")

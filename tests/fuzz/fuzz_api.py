@@ -1087,13 +1087,16 @@ def mode_varlen(dec, rng, T):
                 f"varlen vjp: keys of sequence {i}, which has no query, got gradients"
     if per_seq["sinks"] is not None:
         given = np.asarray(per_seq["sinks"])
-        H = given.shape[-1]
-        rows = [np.zeros(H, np.float32) if p is None else p for p in dsinks]
-        if given.ndim == 2:
+        if given.ndim == 2:             # (N, H): a row each
+            H = given.shape[-1]
+            rows = [np.zeros(H, np.float32) if p is None else np.reshape(p, H) for p in dsinks]
             want = np.stack(rows).astype(np.float32) if rows else np.zeros(given.shape, np.float32)
-        else:
-            want = np.asarray(np.sum(rows, axis=0, dtype=np.float64) if rows else np.zeros(H),
-                              np.float32).reshape(given.shape)
+        else:                           # one value or (H,): summed in float64, in order
+            total = np.zeros(given.shape, np.float64)
+            for p in dsinks:
+                if p is not None:
+                    total += np.reshape(p, given.shape)
+            want = total.astype(np.float32)
         assert_same(grads.sinks, want, "varlen vjp: grads.sinks against the per-sequence sums")
 
 
