@@ -67,6 +67,17 @@ def result(out):
 
 
 @pytest.mark.parametrize("name", list(configs()))
+def assert_grads_close(ours, theirs, exact):
+    """Each gradient of ours (attnx) against the float64 one (exact): within torch.testing's
+    float32 tolerance, or no further off than twice the model's own attention (theirs) is."""
+    for n, g in exact.items():
+        err, ref_err = (ours[n] - g).abs(), (theirs[n] - g).abs()
+        tol = 1e-5 + 1.3e-6 * g.abs()                 # torch.testing's float32 defaults
+        ok = (err <= tol) | (err <= 2 * ref_err.max() + tol)
+        assert bool(ok.all()), (f"{n}: attnx off by {float(err.max()):.2e}, the model's own "
+                                f"attention by {float(ref_err.max()):.2e}")
+
+
 def test_forward_matches_the_models_own_attention(name):
     ids, mask = inputs()
     ours, theirs = build(name, "attnx"), build(name, configs()[name][2])
@@ -119,12 +130,7 @@ def test_gradients_match(name):
     assert ours.keys() == theirs.keys() == exact.keys() and ours
     if name == "gpt_oss_sinks":
         assert any("sinks" in n and ours[n].abs().max() > 0 for n in ours), "the sinks got no gradient"
-    for n, g in exact.items():
-        err, ref_err = (ours[n] - g).abs(), (theirs[n] - g).abs()
-        tol = 1e-5 + 1.3e-6 * g.abs()                 # torch.testing's float32 defaults
-        ok = (err <= tol) | (err <= 2 * ref_err.max() + tol)
-        assert bool(ok.all()), (f"{n}: attnx off by {float(err.max()):.2e}, the model's own "
-                                f"attention by {float(ref_err.max()):.2e}")
+    assert_grads_close(ours, theirs, exact)
 
 
 def test_training_with_attention_dropout_is_refused():
@@ -187,9 +193,4 @@ def test_user_float_4d_mask_matches_the_models_own_attention(name):
     assert ours.keys() == theirs.keys() == exact.keys() and len(ours) > 1
     assert ours["attention_mask"][:, :, :, [3, 10]][0].abs().max() == 0     # -inf keys: no gradient
     assert ours["attention_mask"].abs().max() > 0
-    for n, g in exact.items():
-        err, ref_err = (ours[n] - g).abs(), (theirs[n] - g).abs()
-        tol = 1e-5 + 1.3e-6 * g.abs()                 # torch.testing's float32 defaults
-        ok = (err <= tol) | (err <= 2 * ref_err.max() + tol)
-        assert bool(ok.all()), (f"{n}: attnx off by {float(err.max()):.2e}, the model's own "
-                                f"attention by {float(ref_err.max()):.2e}")
+    assert_grads_close(ours, theirs, exact)
