@@ -23,6 +23,7 @@ def forward(
     lse: NDArray[np.float32] | None = None,
     variant: tuple[bool, int, int, int, float, NDArray[np.float32] | None,
                    NDArray[np.float32] | None] | None = None,
+    threads: int = 0,
     /,
 ) -> None:
     """Private: attention on 4-D float32 views, written into ``out`` (and ``weights``,

@@ -413,7 +413,9 @@ class _Bench:
         """A small Llama-style decoder (random weights, 4 layers, d_model 512, 8
         query heads, 2 key/value heads) with attn_implementation "attnx",
         "sdpa" and "eager": the prefill of L tokens, and the time per token of
-        greedy decoding (generate() of new_tokens tokens minus the prefill)."""
+        greedy decoding: generate() of new_tokens tokens minus generate() of
+        one, over new_tokens - 1 (both timed the same way, interleaved, so the
+        prefill cancels; subtracting a separately timed forward did not)."""
         torch = self.torch
         try:
             import transformers
@@ -441,16 +443,17 @@ class _Bench:
                     return m(input_ids=ids)
             return run
 
-        def generate(m: Any) -> Callable[[], object]:
-            return lambda: m.generate(input_ids=ids, max_new_tokens=new_tokens,
-                                      min_new_tokens=new_tokens, do_sample=False)
+        def generate(m: Any, n: int) -> Callable[[], object]:
+            return lambda: m.generate(input_ids=ids, max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False)
         names = list(models)
         t_pre = dict(zip(names, _time([prefill(models[n]) for n in names], self.repeats)))
-        t_gen = dict(zip(names, _time([generate(models[n]) for n in names], self.repeats)))
+        fns = [generate(models[n], k) for n in names for k in (1, new_tokens)]
+        t_gen = _time(fns, self.repeats)               # per model: 1 token, new_tokens tokens
+        per_token = {n: max(t_gen[2 * i + 1] - t_gen[2 * i], 0.0) / (new_tokens - 1)
+                     for i, n in enumerate(names)}
         rows: List[Row] = []
-        for what, times in (("prefill", t_pre),
-                            ("decode, per token", {n: max(t_gen[n] - t_pre[n], 0.0) / (new_tokens - 1)
-                                                   for n in names})):
+        for what, times in (("prefill", t_pre), ("decode, per token", per_token)):
             row: Row = {"case": f"Llama-style decoder {what}, L={L}", "threads": self.threads,
                         "attnx_s": times["attnx"], "sdpa_s": times["sdpa"],
                         "eager_s": times["eager"], "vs_torch": times["sdpa"] / times["attnx"],

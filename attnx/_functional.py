@@ -8,6 +8,7 @@ arithmetic runs in ``attnx._attnx`` (C).
 
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import Any, Iterator, List, Literal, NamedTuple, Optional, Tuple, Union, cast, overload
 
@@ -18,6 +19,10 @@ from . import _attnx
 from ._args import (CAUSAL, F32, Alignment, ArrayInput, AttentionArgs, Causal, Layout, Window,
                     attention_args, check_flag,
                     default_scale)
+
+# Threads for the forward calls made in this context (0: the process's count,
+# set_num_threads). attnx.torch sets 1 around small calls (see its _threads_for).
+CALL_THREADS: contextvars.ContextVar[int] = contextvars.ContextVar("attnx_call_threads", default=0)
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -313,7 +318,7 @@ def scaled_dot_product_attention(
         p, out_view, lse_view = packed
     for c in _core_calls(p, out_view, weights, lse_view):
         _attnx.forward(c.q, c.k, c.v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
-                       p.causal, p.scale, c.lse, c.variant)
+                       p.causal, p.scale, c.lse, c.variant, CALL_THREADS.get())
     if weights is None and lse is None:
         return out
     return cast(_Result, p.results(out, weights, lse))
@@ -384,5 +389,6 @@ def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: ob
     else:
         return None
     out = np.empty((B, H, Lq, v.shape[3]), dtype=np.float32)
-    _attnx.forward(q, k, v, out, None, None, None, None, CAUSAL[is_causal], scale_f)
+    _attnx.forward(q, k, v, out, None, None, None, None, CAUSAL[is_causal], scale_f, None, None,
+                   CALL_THREADS.get())
     return out

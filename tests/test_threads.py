@@ -145,3 +145,60 @@ def test_child_after_fork(restore_threads):
     p.join(10)
     assert p.exitcode == 0
     np.testing.assert_array_equal(child, parent)
+
+
+def _decode_inputs(Lk=4096):
+    """One query against many keys: split across threads (split-K), so the
+    thread count shows in the last bits of the result."""
+    return _inputs(B=1, H=2, Lq=1, Lk=Lk, D=64, seed=3)
+
+
+def test_a_context_sets_the_threads_of_its_calls(restore_threads):
+    """attnx._functional.CALL_THREADS: the calls made in the context use that many
+    threads, whatever set_num_threads says; 0 gives the process's count back."""
+    from attnx._functional import CALL_THREADS
+    q, k, v = _decode_inputs()
+    attnx.set_num_threads(1)
+    one = attnx.scaled_dot_product_attention(q, k, v)
+    attnx.set_num_threads(2)
+    two = attnx.scaled_dot_product_attention(q, k, v)
+    assert not np.array_equal(one, two), "the test needs a problem whose bits depend on threads"
+    token = CALL_THREADS.set(1)
+    try:
+        np.testing.assert_array_equal(attnx.scaled_dot_product_attention(q, k, v), one)
+        np.testing.assert_array_equal(attnx.scaled_dot_product_attention(q, k, v, is_causal=False,
+                                                                         return_lse=True)[0], one)
+    finally:
+        CALL_THREADS.reset(token)
+    np.testing.assert_array_equal(attnx.scaled_dot_product_attention(q, k, v), two)
+
+
+def test_torch_runs_small_calls_on_one_thread(restore_threads):
+    """Inside a torch program on several threads, attnx.torch computes a call of
+    fewer than SMALL_FLOPS on the calling thread (torch's workers are still
+    spinning), with and without autograd; a larger call keeps attnx's threads."""
+    torch = pytest.importorskip("torch")
+    import attnx.torch as at
+    q, k, v = _decode_inputs()
+    assert 4.0 * q.size * k.shape[2] < at.SMALL_FLOPS
+    attnx.set_num_threads(1)
+    one = attnx.scaled_dot_product_attention(q, k, v)
+    attnx.set_num_threads(2)
+    two = attnx.scaled_dot_product_attention(q, k, v)
+    assert not np.array_equal(one, two)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        np.testing.assert_array_equal(at.scaled_dot_product_attention(tq, tk, tv).numpy(), one)
+        tq.requires_grad_(True)
+        np.testing.assert_array_equal(at.scaled_dot_product_attention(tq, tk, tv).detach().numpy(), one)
+        big = _decode_inputs(Lk=4 * 8192)             # 4·2·64·32768 = 16.8 MFLOP
+        assert 4.0 * big[0].size * big[1].shape[2] > at.SMALL_FLOPS
+        tb = [torch.from_numpy(x) for x in big]
+        np.testing.assert_array_equal(at.scaled_dot_product_attention(*tb).numpy(),
+                                      attnx.scaled_dot_product_attention(*big))
+        torch.set_num_threads(1)                      # torch on one thread: attnx's own count
+        np.testing.assert_array_equal(at.scaled_dot_product_attention(tq.detach(), tk, tv).numpy(), two)
+    finally:
+        torch.set_num_threads(saved)

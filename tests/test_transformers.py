@@ -66,7 +66,6 @@ def result(out):
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
 
 
-@pytest.mark.parametrize("name", list(configs()))
 def assert_grads_close(ours, theirs, exact):
     """Each gradient of ours (attnx) against the float64 one (exact): within torch.testing's
     float32 tolerance, or no further off than twice the model's own attention (theirs) is."""
@@ -78,6 +77,7 @@ def assert_grads_close(ours, theirs, exact):
                                 f"attention by {float(ref_err.max()):.2e}")
 
 
+@pytest.mark.parametrize("name", list(configs()))
 def test_forward_matches_the_models_own_attention(name):
     ids, mask = inputs()
     ours, theirs = build(name, "attnx"), build(name, configs()[name][2])

@@ -348,14 +348,15 @@ static PyObject *backward_refused(attnx_status st, const attnx_grad_problem *g, 
 
 PyDoc_STRVAR(forward_doc,
              "forward(q, k, v, out, weights, mask, key_lengths, query_lengths, causal, scale, "
-             "lse=None, variant=None)\n--\n\n"
+             "lse=None, variant=None, threads=0)\n--\n\n"
              "Private: attention on 4-D float32 views. q (B,Hq,Lq,E), k (B,Hk,Lk,E),\n"
              "v (B,Hk,Lk,Ev), out (B,Hq,Lq,Ev) writeable, weights None or (B,Hq,Lq,Lk)\n"
              "C-contiguous, mask None or bool/float32 (B,Hq,Lq,Lk) with any strides,\n"
              "lengths None or int64 (B,Hq); causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or\n"
              "CAUSAL_LOWER_RIGHT; lse None or (B,Hq,Lq,1) writeable; variant None or\n"
              "(window_on, left, right, align, softcap, alibi_slopes, sinks), the last two\n"
-             "None or float32 (B,Hq).\n"
+             "None or float32 (B,Hq); threads > 0: this call's thread count (else the\n"
+             "process's, set_num_threads).\n"
              "Use attnx.scaled_dot_product_attention instead.");
 
 /* out, weights and lse: what the forward writes. */
@@ -375,15 +376,16 @@ static int fill_outputs(attnx_problem *p, PyObject *out, PyObject *weights, PyOb
 static PyObject *py_forward(PyObject *self, PyObject *args)
 {
     PyObject *q, *k, *v, *out, *weights, *mask, *kl, *ql, *lse = Py_None, *variant = Py_None;
-    int causal;
+    int causal, threads = 0;
     double scale;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOid|OO:forward", &q, &k, &v, &out, &weights, &mask, &kl,
-                          &ql, &causal, &scale, &lse, &variant))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOid|OOi:forward", &q, &k, &v, &out, &weights, &mask, &kl,
+                          &ql, &causal, &scale, &lse, &variant, &threads))
         return NULL;
     attnx_problem p;
     if (!fill_problem(&p, q, k, v, mask, kl, ql, causal, scale, variant) ||
         !fill_outputs(&p, out, weights, lse))
         return NULL;
+    p.num_threads = threads > 0 ? threads : 0;
     attnx_status st;
     Py_BEGIN_ALLOW_THREADS
         st = attnx_forward(&p);
