@@ -125,8 +125,9 @@ typedef struct {
     attnx_head_values alibi; /* (B, Hq) ALiBi slopes (BLOOM, MPT), or data NULL */
     attnx_head_values sinks; /* (B, Hq) attention-sink logits (gpt-oss), or data NULL */
     /* Keys and values in half precision (a float16 KV cache), forward only:
-     * when k16.data is set, k16 and v16 are read, tile by tile converted to
-     * float32 in scratch, and k, v are not used. */
+     * when k16.data is set, k16 and v16 are read and k, v are not used. A few
+     * query rows (decoding) convert them in registers; larger blocks convert
+     * them tile by tile to float32 in scratch. Accumulation is float32. */
     attnx_half_tensor k16, v16;
 } attnx_problem;
 

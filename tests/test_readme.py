@@ -28,3 +28,17 @@ def test_layout_names_every_c_source():
 def test_layout_describes_the_persistent_thread_pool():
     block = layout_block()
     assert "persistent" in block and "per-call" not in block
+
+
+def test_design_notes_name_only_paths_that_exist():
+    """docs/DESIGN.md follows the tree: every file or folder it names in
+    backquotes (a path with a slash, or a top-level file) exists."""
+    design = ROOT / "docs" / "DESIGN.md"
+    if not design.is_file() or not (ROOT / "csrc").is_dir():
+        pytest.skip("not run from a source tree")
+    import re
+    names = set(re.findall(r"`((?:attnx|csrc|tests|tools|docs|examples)/[\w./-]*)`",
+                           design.read_text()))
+    assert len(names) > 20, names
+    missing = sorted(n for n in names if not (ROOT / n).exists())
+    assert not missing, f"docs/DESIGN.md names paths that do not exist: {missing}"
