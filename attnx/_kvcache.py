@@ -74,17 +74,29 @@ class KVCache:
         return n if n.flags.writeable else n.copy()     # append updates it in place
 
     def _new(self, x: object, name: str, width: int) -> NDArray[Any]:
+        """x as an array of the cache's dtype, (batch, heads, n, width)."""
         a = float_array(x, name)
         if a.ndim != 4 or a.shape[:2] != (self.batch, self.heads) or a.shape[3] != width:
             raise ValueError(f"{name} must be (batch, heads, n, {width}) = ({self.batch}, "
                              f"{self.heads}, n, {width}); got {shape_str(a)}")
-        return a
+        if self.k.dtype == a.dtype:
+            return a
+        with np.errstate(over="ignore"):
+            stored = a.astype(self.k.dtype)
+        overflow = np.isinf(stored) & np.isfinite(a)
+        if overflow.any():
+            biggest = float(np.max(np.abs(a[overflow])))
+            raise ValueError(f"{name} holds finite values beyond float16's range (|x| up to "
+                             f"{biggest:g} > 65504), which a float16 cache would store as inf; "
+                             f"scale them or use dtype=np.float32")
+        return stored
 
     def append(self, k_new: object, v_new: object) -> None:
         """Write n new tokens of every sequence after its last one, in place.
 
         k_new (batch, heads, n, head_dim), v_new (batch, heads, n, value_dim).
-        Raises ValueError, writing nothing, when a sequence would pass max_len.
+        Raises ValueError, writing nothing, when a sequence would pass max_len,
+        or when a float16 cache would turn a finite value into inf.
         """
         k = self._new(k_new, "k_new", self.head_dim)
         v = self._new(v_new, "v_new", self.value_dim)

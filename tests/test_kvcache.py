@@ -315,6 +315,31 @@ def test_bad_append_refused_naming_the_argument_and_writes_nothing(rng, name):
     assert cache.lengths.tolist() == [2, 2]
 
 
+@pytest.mark.parametrize("which", ["k_new", "v_new"])
+def test_float16_cache_refuses_values_it_would_store_as_inf(rng, which):
+    """A finite value beyond float16's range would become inf in a float16
+    cache (data lost): refused naming the argument, nothing written. Values
+    that round into range (65519), and inf and NaN given as such, are stored."""
+    cache = attnx.KVCache(1, 2, 8, 4, dtype=np.float16)
+    cache.append(*tokens(rng, cache, 2))
+    k0, v0 = cache.k.copy(), cache.v.copy()
+    k, v = (rng.standard_normal((1, 2, 1, 4)).astype(np.float32) for _ in range(2))
+    (k if which == "k_new" else v)[0, 1, 0, 2] = -7e4
+    with pytest.raises(ValueError, match=which + r" holds finite values beyond float16.*70000"):
+        cache.append(k, v)
+    np.testing.assert_array_equal(cache.k, k0)
+    np.testing.assert_array_equal(cache.v, v0)
+    assert cache.lengths.tolist() == [2]
+    (k if which == "k_new" else v)[0, 1, 0, 2] = 65519.0
+    (k if which == "k_new" else v)[0, 0, 0, :2] = [np.inf, np.nan]
+    cache.append(k, v)
+    stored = (cache.k if which == "k_new" else cache.v)[0, :, 2]
+    assert stored[1, 2] == 65504 and stored[0, 0] == np.inf and np.isnan(stored[0, 1])
+    f32 = attnx.KVCache(1, 1, 2, 1)
+    f32.append(np.full((1, 1, 1, 1), 1e30, np.float32), np.full((1, 1, 1, 1), -1e30))
+    assert f32.k[0, 0, 0, 0] == np.float32(1e30) and f32.v[0, 0, 0, 0] == np.float32(-1e30)
+
+
 @pytest.mark.parametrize("q_shape, dtype, kw, exc, words", [
     ((3, 4, 1, 4), np.float32, {}, ValueError, r"q must be \(batch, Hq, n, head_dim\)"),
     ((2, 4, 1, 5), np.float32, {}, ValueError, r"q must be \(batch, Hq, n, head_dim\)"),

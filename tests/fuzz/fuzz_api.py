@@ -241,8 +241,9 @@ def assert_same(actual, expected, what):
                              f"{a.ravel()[i]!r} != {e.ravel()[i]!r}")
 
 
-def float_problem(x, want):
-    """Why ``x`` is not an acceptable float array of shape ``want`` (None: it is)."""
+def float_problem(x, want, half=False):
+    """Why ``x`` is not an acceptable float array of shape ``want`` (None: it
+    is); ``half``: stored in float16, where a finite value must stay finite."""
     if x is None:
         return "None"
     try:
@@ -259,6 +260,10 @@ def float_problem(x, want):
         fin = a[np.isfinite(a)]
         if fin.size and np.abs(fin).max() > F32_MAX:
             return "float64 values beyond float32's range"
+    if half and a.size:
+        with np.errstate(all="ignore"):
+            if (np.isinf(a.astype(np.float16)) & np.isfinite(a)).any():
+                return "finite values beyond float16's range"
     return None
 
 
@@ -1215,10 +1220,11 @@ def kv_append(dec, rng, T, cache, K, V, lengths, lengths_ok, step):
         T(f"  {which}: {how}")
     want_k, want_v = (cache.batch, cache.heads, n, cache.head_dim), (cache.batch, cache.heads, n,
                                                                        cache.value_dim)
-    fault = float_problem(k_new, want_k) or float_problem(v_new, want_v)
-    if float_problem(k_new, want_k):
+    half = cache.k.dtype == np.float16
+    fault = float_problem(k_new, want_k, half) or float_problem(v_new, want_v, half)
+    if float_problem(k_new, want_k, half):
         names.add("k_new")
-    if float_problem(v_new, want_v):
+    if float_problem(v_new, want_v, half):
         names.add("v_new")
     full = bool(lengths_ok and cache.batch and int(lengths.max()) + n > cache.max_len)
     if full:
