@@ -229,8 +229,11 @@ def astype_broadcast(a: NDArray[Any], dtype: type[np.floating[Any]]) -> NDArray[
 
 
 def integer_array(x: object, name: str) -> NDArray[np.integer[Any]]:
-    """``x`` as an ndarray of integers (bool refused), TypeError naming it otherwise."""
+    """``x`` as an ndarray of integers (bool refused), TypeError naming it otherwise.
+    An empty list or tuple (which NumPy reads as float64) is an empty int64 array."""
     a = as_array(x, name)
+    if a.size == 0 and isinstance(x, (list, tuple)):
+        return a.astype(np.int64)
     if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
         raise TypeError(f"{name} must be an integer array; got dtype {a.dtype} with shape {shape_str(a)}")
     return a

@@ -14,8 +14,8 @@ from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple, Unio
 import numpy as np
 from numpy.typing import NDArray
 
-from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, check_flag,
-                    float_array, integer_array, shape_str, small_float_array)
+from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, attention_args,
+                    check_flag, float_array, integer_array, shape_str, small_float_array)
 from ._functional import scaled_dot_product_attention
 from ._grad import AttentionGrads, scaled_dot_product_attention_backward
 
@@ -49,7 +49,7 @@ def _per_sequence(x: object, name: str, n: int) -> Callable[[int], Optional[NDAr
         if a.shape[0] != n:
             raise ValueError(f"{name} with shape {shape_str(a)}: a 2-D {name} needs one row per "
                              f"sequence ({n})")
-        return lambda i: a[i]
+        return lambda i: a[i] if i < n else None
     return lambda i: a
 
 
@@ -75,6 +75,10 @@ class _Packed:
         self.sinks = _per_sequence(sinks, "sinks", self.n)
         self.slopes = _per_sequence(alibi_slopes, "alibi_slopes", self.n)
         self.sinks_given = None if sinks is None else as_array(sinks, "sinks")
+        # Every shared check once, on the whole packed arrays: a batch with no
+        # sequence (or none with queries) is checked as one with many.
+        attention_args(self.q[None], self.k[None], self.v[None], layout="blhd", **opts,
+                       sinks=self.sinks(0), alibi_slopes=self.slopes(0))
 
     def views(self, i: int) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
         """Sequence i's (1, L, H, E) views of q, k, v."""

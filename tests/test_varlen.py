@@ -283,6 +283,29 @@ def test_no_sequences(rng):
     assert g.query.shape == q.shape and g.value.shape == v.shape and g.sinks.shape == (0, 3)
 
 
+@pytest.mark.parametrize("fn", [attnx.varlen_attention, attnx.varlen_attention_vjp])
+@pytest.mark.parametrize("cu", [[0], [0, 0, 0]])
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(key=np.zeros((0, 3, 4), np.float32)), ValueError, "key"),
+    (dict(key=np.zeros((0, 2, 8), np.float32), value=np.zeros((0, 2, 5), np.float32)),
+     ValueError, "heads"),
+    (dict(value=np.zeros((0, 1, 5), np.float32)), ValueError, "value"),
+    (dict(scale=float("nan")), ValueError, "scale"),
+    (dict(window=(1, 2, 3)), TypeError, "window"),
+    (dict(softcap=-1.0), ValueError, "softcap"),
+    (dict(is_causal="upper"), ValueError, "is_causal"),
+    (dict(sinks=np.zeros(4)), ValueError, "sinks"),
+])
+def test_no_queries_still_checks_the_arguments(fn, cu, kw, exc, words):
+    """With no sequence, or only empty ones, nothing is computed, but every
+    argument is checked as it is for a batch with queries."""
+    args = dict(query=np.zeros((0, 3, 8), np.float32), key=np.zeros((0, 3, 8), np.float32),
+                value=np.zeros((0, 3, 5), np.float32), cu_seqlens_q=cu, cu_seqlens_k=cu)
+    args.update(kw)
+    with pytest.raises(exc, match=words):
+        fn(**args)
+
+
 # ---------------------------------------------------------------- pack / unpack
 
 @pytest.mark.parametrize("form", ["list", "tuple", "int32", "int64"])
@@ -314,6 +337,8 @@ def test_pack_of_an_empty_batch_and_of_empty_sequences():
     packed, c = attnx.pack(np.zeros((0, 4, 2), np.float16), np.zeros(0, int))
     assert packed.shape == (0, 2) and packed.dtype == np.float16 and c.tolist() == [0]
     assert attnx.unpack(packed, c).shape == (0, 0, 2)
+    packed, c = attnx.pack(np.zeros((0, 4, 2), np.float32), [])      # NumPy reads [] as float64
+    assert packed.shape == (0, 2) and c.tolist() == [0]
     packed, c = attnx.pack(np.ones((2, 4, 2)), [0, 0])
     assert packed.shape == (0, 2) and c.tolist() == [0, 0, 0]
     assert attnx.unpack(packed, c, max_len=3).shape == (2, 3, 2)
