@@ -77,9 +77,11 @@ def backward(
     scale: float,
     variant: tuple[bool, int, int, int, float, NDArray[np.float32] | None,
                    NDArray[np.float32] | None] | None = None,
+    threads: int = 0,
     /,
 ) -> None:
-    """Private: gradients of ``forward`` written into dq, dk, dv (and dmask, zeroed by the caller)."""
+    """Private: gradients of ``forward`` written into dq, dk, dv (and dmask, zeroed by the
+    caller); ``threads`` > 0: this call's thread count, as ``forward``'s."""
 CAUSAL_NONE: int
 """The ``causal`` code of ``forward``/``backward``: no causal mask."""
 CAUSAL_UPPER_LEFT: int

@@ -20,7 +20,7 @@ from . import _attnx
 from ._args import (CAUSAL_ARG, F32, Alignment, ArrayInput, Causal, Layout, Window, as_array,
                     as_float, attention_args,
                     check_layout, lse_like, output_like, shape_str)
-from ._functional import fold_calls, scaled_dot_product_attention
+from ._functional import CALL_THREADS, fold_calls, scaled_dot_product_attention
 from ._reference import reference_attention_backward
 
 __all__ = ["AttentionGrads", "scaled_dot_product_attention_vjp",
@@ -103,7 +103,7 @@ def scaled_dot_product_attention_backward(
                 and do4 is not None and l4 is not None and dq is not None and dk is not None
                 and dv is not None)
         _attnx.backward(q, k, v, o4, do4, l4, dq, dk, dv, dm, m, kl, ql, p.causal, p.scale,
-                        p.variants.core(slopes, sk))
+                        p.variants.core(slopes, sk), CALL_THREADS.get())
     gm = _mask_grad(dmask, attn_mask) if dmask is not None else None
     gs = None
     if p.variants.sinks is not None:

@@ -41,15 +41,18 @@ SMALL_FLOPS = 8e6
 
 
 @contextlib.contextmanager
-def _threads_for(query: torch.Tensor, key: torch.Tensor, layout: Layout) -> Iterator[None]:
+def _threads_for(query: torch.Tensor, key: torch.Tensor, layout: Layout,
+                 flops_per_score: float = 4.0) -> Iterator[None]:
     """One thread for a small call when torch itself runs on several: torch's
     OpenMP workers keep spinning for a while after each of its ops, and waking
     attnx's own pool beside them costs more than the split saves. Measured on a
     2-vCPU AMD EPYC: a decode call (1 query, 1050 keys, 8 heads, E 64) right
     after a torch Linear took 215 us on 2 attnx threads, 85 on one (torch's
-    SDPA 63); a Llama-style model's decode step 8.1-8.8 ms against 7.4."""
+    SDPA 63); a Llama-style model's decode step 8.1-8.8 ms against 7.4.
+    ``flops_per_score``: per query element and key, 4 for the forward (two
+    products), 10 for the backward (five)."""
     Lk = key.shape[-3] if layout == "blhd" else key.shape[-2]
-    small = torch.get_num_threads() > 1 and 4.0 * query.numel() * Lk < SMALL_FLOPS
+    small = torch.get_num_threads() > 1 and flops_per_score * query.numel() * Lk < SMALL_FLOPS
     token = CALL_THREADS.set(1 if small else 0)
     try:
         yield
@@ -77,10 +80,12 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         query, key, value, attn_mask, sinks, out, lse = ctx.saved_tensors
-        g = _sdpa_backward(_numpy(dout, "grad_output"), _numpy(query, "query"),
-                           _numpy(key, "key"), _numpy(value, "value"), out.numpy(), lse.numpy(),
-                           attn_mask=None if attn_mask is None else _numpy(attn_mask, "attn_mask"),
-                           sinks=None if sinks is None else _numpy(sinks, "sinks"), **ctx.opts)
+        with _threads_for(query, key, ctx.opts["layout"], flops_per_score=10.0):
+            g = _sdpa_backward(
+                _numpy(dout, "grad_output"), _numpy(query, "query"), _numpy(key, "key"),
+                _numpy(value, "value"), out.numpy(), lse.numpy(),
+                attn_mask=None if attn_mask is None else _numpy(attn_mask, "attn_mask"),
+                sinks=None if sinks is None else _numpy(sinks, "sinks"), **ctx.opts)
 
         def back(a: Optional[np.ndarray[Any, Any]], like: Optional[torch.Tensor],
                  needed: bool) -> Optional[torch.Tensor]:

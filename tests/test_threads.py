@@ -202,3 +202,62 @@ def test_torch_runs_small_calls_on_one_thread(restore_threads):
         np.testing.assert_array_equal(at.scaled_dot_product_attention(tq.detach(), tk, tv).numpy(), two)
     finally:
         torch.set_num_threads(saved)
+
+
+def _small_backward_inputs():
+    """A backward of 5.2 MFLOP (10·q.size·Lk): above the core's own one-thread
+    limit (5e6), below attnx.torch's SMALL_FLOPS; one head, so two threads
+    split its keys and sum dQ partials, which shows in the last bits of dQ."""
+    return _inputs(B=1, H=1, Lq=16, Lk=1024, D=32, seed=5)
+
+
+def _grads(q, k, v):
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v)
+    return vjp(out + 0.3)
+
+
+def test_a_context_sets_the_threads_of_a_backward(restore_threads):
+    from attnx._functional import CALL_THREADS
+    q, k, v = _small_backward_inputs()
+    attnx.set_num_threads(1)
+    one = _grads(q, k, v)
+    attnx.set_num_threads(2)
+    two = _grads(q, k, v)
+    assert not np.array_equal(one.query, two.query), "the test needs bits that depend on threads"
+    token = CALL_THREADS.set(1)
+    try:
+        got = _grads(q, k, v)
+    finally:
+        CALL_THREADS.reset(token)
+    for a, b in zip(got[:3], one[:3]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(_grads(q, k, v).query, two.query)
+
+
+def test_torch_runs_small_backward_calls_on_one_thread(restore_threads):
+    """attnx.torch's backward, as its forward: a small call on the calling
+    thread while torch runs on several; torch on one thread: attnx's own count."""
+    torch = pytest.importorskip("torch")
+    import attnx.torch as at
+    q, k, v = _small_backward_inputs()
+    assert 10.0 * q.size * k.shape[2] < at.SMALL_FLOPS
+    attnx.set_num_threads(1)
+    one = _grads(q, k, v).query
+    attnx.set_num_threads(2)
+    two = _grads(q, k, v).query
+    assert not np.array_equal(one, two)
+    saved = torch.get_num_threads()
+
+    def torch_dq():
+        tq = torch.from_numpy(q).requires_grad_(True)
+        out = at.scaled_dot_product_attention(tq, torch.from_numpy(k), torch.from_numpy(v))
+        out.backward(out.detach() + 0.3)
+        return tq.grad.numpy()
+
+    try:
+        torch.set_num_threads(2)
+        np.testing.assert_array_equal(torch_dq(), one)
+        torch.set_num_threads(1)
+        np.testing.assert_array_equal(torch_dq(), two)
+    finally:
+        torch.set_num_threads(saved)

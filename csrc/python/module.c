@@ -398,10 +398,10 @@ static PyObject *py_forward(PyObject *self, PyObject *args)
 
 PyDoc_STRVAR(backward_doc,
              "backward(q, k, v, out, dout, lse, dq, dk, dv, dmask, mask, key_lengths, "
-             "query_lengths, causal, scale, variant=None)\n--\n\n"
+             "query_lengths, causal, scale, variant=None, threads=0)\n--\n\n"
              "Private: gradients of forward() on 4-D float32 views. out, dout (B,Hq,Lq,Ev);\n"
              "lse (B,Hq,Lq,1) view; dq (B,Hq,Lq,E), dk (B,Hk,Lk,E), dv (B,Hk,Lk,Ev) writeable;\n"
-             "dmask None or (B,Hq,Lq,Lk) C-contiguous, zeroed. Use "
+             "dmask None or (B,Hq,Lq,Lk) C-contiguous, zeroed; threads as forward()'s. Use "
              "attnx.scaled_dot_product_attention_vjp.");
 
 /* The forward's out and lse, the upstream gradient dout. */
@@ -434,16 +434,17 @@ static PyObject *py_backward(PyObject *self, PyObject *args)
 {
     PyObject *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv, *dmask, *mask, *kl, *ql;
     PyObject *variant = Py_None;
-    int causal;
+    int causal, threads = 0;
     double scale;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOid|O:backward", &q, &k, &v, &o, &dout, &lse, &dq, &dk,
-                          &dv, &dmask, &mask, &kl, &ql, &causal, &scale, &variant))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOid|Oi:backward", &q, &k, &v, &o, &dout, &lse, &dq,
+                          &dk, &dv, &dmask, &mask, &kl, &ql, &causal, &scale, &variant, &threads))
         return NULL;
     attnx_grad_problem g;
     memset(&g, 0, sizeof g);
     if (!fill_problem(&g.f, q, k, v, mask, kl, ql, causal, scale, variant) ||
         !fill_saved(&g, o, dout, lse) || !fill_grads(&g, dq, dk, dv, dmask))
         return NULL;
+    g.f.num_threads = threads > 0 ? threads : 0;
     attnx_status st;
     Py_BEGIN_ALLOW_THREADS
         st = attnx_backward(&g);
