@@ -49,7 +49,7 @@ def _per_sequence(x: object, name: str, n: int) -> Callable[[int], Optional[NDAr
         if a.shape[0] != n:
             raise ValueError(f"{name} with shape {shape_str(a)}: a 2-D {name} needs one row per "
                              f"sequence ({n})")
-        return lambda i: a[i] if i < n else None
+        return lambda i: a[i] if i < n else None   # (N=0: no row for the checks below)
     return lambda i: a
 
 
