@@ -331,16 +331,25 @@ class _Bench:
         """Run ``before`` then, timed, ``call`` in a fresh process on q, k, v (and
         a dout ``do``), each (1, H, L, D): the peak RSS growth during ``call`` in
         MiB, its seconds, and the bytes of the arrays named by ``sizes``."""
+        # The peak is Linux's VmHWM: ru_maxrss survives exec, so a child of a
+        # process with torch loaded starts with the parent's peak (~260 MiB)
+        # and a smaller call shows no growth at all.
         code = (
             "import resource, time, numpy as np, attnx\n"
+            "def hwm():\n"
+            "    try:\n"
+            "        with open('/proc/self/status') as f:\n"
+            "            return next(int(x.split()[1]) for x in f if x.startswith('VmHWM:'))\n"
+            "    except (OSError, StopIteration):\n"
+            "        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             f"rng = np.random.default_rng(0); L, H, D = {L}, {H}, {D}\n"
             "q, k, v, do = (rng.standard_normal((1, H, L, D), dtype=np.float32) for _ in range(4))\n"
             f"{before}\n"
-            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "base = hwm()\n"
             "t0 = time.perf_counter()\n"
             f"{call}\n"
             "t = time.perf_counter() - t0\n"
-            "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "peak = hwm()\n"
             f"print(base, peak, t, {sizes})\n")
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         base_kib, peak_kib, t, nbytes = res.stdout.split()
@@ -496,6 +505,46 @@ class _Bench:
         self.emit(row)
         return row
 
+    def mask_backward(self, L: int, H: int, D: int, mshape: Tuple[int, ...]) -> Row:
+        """The backward with a float mask of shape ``mshape`` (its gradient summed
+        to that shape inside the backward) against the same call with the mask
+        as bool: time (in this process, interleaved) and peak RSS growth (each
+        in a fresh process)."""
+        attnx = self.attnx
+        attnx.set_num_threads(self.threads)
+        q, k, v, dout = _inputs(1, H, H, L, L, D) + _inputs(1, H, H, L, L, D, seed=1)[:1]
+        keep = np.random.default_rng(2).random(mshape) > 0.1
+        masks = {"bool": keep, "float": np.where(keep, 0.0, -np.inf).astype(np.float32)}
+        fns = []
+        for m in masks.values():
+            out, lse = attnx.scaled_dot_product_attention(q, k, v, attn_mask=m, return_lse=True)
+            fns.append(lambda m=m, out=out, lse=lse: attnx.scaled_dot_product_attention_backward(
+                dout, q, k, v, out, lse, attn_mask=m))
+        t_bool, t_float = _time(fns, self.repeats)
+        rss = {}
+        for kind in masks:
+            # the mask made in place: a temporary would raise the peak before the call
+            make = (f"m = np.{'ones' if kind == 'bool' else 'zeros'}({mshape}, "
+                    f"{'bool' if kind == 'bool' else 'np.float32'})\n"
+                    f"m[..., ::10] = {'False' if kind == 'bool' else '-np.inf'}")
+            rss[kind], _, _ = self._rss_growth(
+                L, H, D, make + "\nout, lse = attnx.scaled_dot_product_attention(q, k, v, "
+                "attn_mask=m, return_lse=True)",
+                "g = attnx.scaled_dot_product_attention_backward(do, q, k, v, out, lse, attn_mask=m)",
+                "0")
+        mask_mib = masks["float"].nbytes / 2**20
+        row: Row = {"case": f"backward, float mask {mshape} vs bool, L={L} H={H} D={D}",
+                    "threads": self.threads, "attnx_s": t_float,
+                    "attnx_gflops": 10.0 * H * L * L * D / t_float / 1e9,
+                    "float_vs_bool_time": t_float / t_bool,
+                    "rss_growth_float_MiB": rss["float"], "rss_growth_bool_MiB": rss["bool"],
+                    "note": f"{t_float / t_bool:.2f}x the bool mask's time; RSS grew "
+                            f"{rss['float']:.0f} MiB (bool {rss['bool']:.0f}, the mask "
+                            f"{mask_mib:.1f} MiB; target: bool + mask + 8 MiB)"}
+        self.emit(row)
+        attnx.set_num_threads(0)
+        return row
+
     def memory(self, L: int, H: int, D: int) -> Row:
         """Peak RSS of one long-sequence call, in a fresh process."""
         extra, t, data = self._rss_growth(
@@ -539,6 +588,9 @@ def run(args: argparse.Namespace) -> int:
         rows.extend(b.transformers_decoder(256 if b.quick else 1024, 9 if b.quick else 33))
     if not b.quick:
         rows.append(b.backward_memory(16384, 8, 64))
+    Lm = 1024 if b.quick else 3072
+    for mshape in ((1, 1, 1, Lm), (1, 1, Lm, Lm)):
+        rows.append(b.mask_backward(Lm, 8, 64, mshape))
     rows.extend(b.dask_cluster(8192, 8, 64, 2048) if b.quick else b.dask_cluster(65536, 8, 64, 8192))
     # the variants: each against the same call without it
     sinks, slopes = np.linspace(-1, 1, 8, dtype=np.float32), 2.0 ** -np.arange(1, 9, dtype=np.float32)

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from . import _attnx
 from ._args import (CAUSAL_ARG, F32, Alignment, ArrayInput, Causal, Layout, Window, as_array,
-                    as_float, attention_args,
+                    as_float, attention_args, check_flag,
                     check_layout, lse_like, output_like, shape_str)
 from ._functional import CALL_THREADS, fold_calls, scaled_dot_product_attention
 from ._reference import reference_attention_backward
@@ -50,6 +50,21 @@ def _mask_grad(dmask: NDArray[Any], mask: object) -> NDArray[Any]:
     return _reduce_to(dmask, np.shape(as_array(mask, "attn_mask"))).astype(dmask.dtype)
 
 
+def _mask_grad_arrays(mask: object, scores: Tuple[int, ...]) -> Tuple[F32, F32]:
+    """A float mask's gradient, zeroed, shaped like the mask as passed, and its
+    writeable (batch..., Hq, Lq, Lk) view with stride 0 along every axis the
+    mask is broadcast over: the core sums dS along those axes as it computes
+    it, so no (batch..., Hq, Lq, Lk) array exists unless the mask is one."""
+    # the mask was checked by attention_args; read its shape without converting it again
+    shape = tuple(int(n) for n in getattr(mask, "shape", None) or as_array(mask, "attn_mask").shape)
+    g = np.zeros(shape, np.float32)
+    lead = len(scores) - len(shape)
+    strides = [0 if n == 1 else st
+               for n, st in zip((1,) * lead + shape, (0,) * lead + g.strides)]
+    view: F32 = np.lib.stride_tricks.as_strided(g, scores, strides)
+    return g, view
+
+
 def scaled_dot_product_attention_backward(
         dout: ArrayInput, query: ArrayInput, key: ArrayInput, value: ArrayInput,
         out: ArrayInput, lse: ArrayInput, attn_mask: Optional[ArrayInput] = None,
@@ -58,7 +73,8 @@ def scaled_dot_product_attention_backward(
         key_lengths: Optional[ArrayInput] = None,
         query_lengths: Optional[ArrayInput] = None, window: Window = None,
         sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None) -> AttentionGrads:
+        alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
+        mask_grad: bool = True) -> AttentionGrads:
     """Gradients of :func:`attnx.scaled_dot_product_attention` from saved tensors.
 
     ``dout`` is the gradient of the loss with respect to ``out`` (the output's
@@ -70,7 +86,9 @@ def scaled_dot_product_attention_backward(
     Returns :class:`attnx.AttentionGrads` (query, key, value, attn_mask), each
     shaped like the input as passed (layout included; GQA key/value gradients
     summed over each group; a float mask's gradient summed over its broadcast
-    axes, None for a bool mask). Keys past ``key_lengths``, query rows past
+    axes as the backward computes it, so no (B..., Hq, Lq, Lk) array is made
+    unless the mask has that shape; None for a bool mask, or with
+    ``mask_grad=False``, which skips it). Keys past ``key_lengths``, query rows past
     ``query_lengths`` and rows with no allowed key get zero gradients. float32.
     Deterministic: the same bits on every run with a given thread count.
 
@@ -95,8 +113,9 @@ def scaled_dot_product_attention_backward(
     # gradients in the caller's layout, and their (batch..., H, L, X) views
     grads = [np.empty(p.caller_shape(a.shape), np.float32) for a in (p.q, p.k, p.v)]
     views = [p.core_view(g) for g in grads]
-    float_mask = p.mask is not None and p.mask.dtype != np.bool_
-    dmask = np.zeros(p.scores_shape, np.float32) if float_mask else None
+    gm = dmask = None
+    if check_flag(mask_grad, "mask_grad") and p.mask is not None and p.mask.dtype != np.bool_:
+        gm, dmask = _mask_grad_arrays(attn_mask, p.scores_shape)
     for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm), (kl, ql, slopes, sk) in fold_calls(
             p.batch_shape, [p.q, p.k, p.v, p.mask, o, do, lse4, *views, dmask], p.per_head()):
         assert (q is not None and k is not None and v is not None and o4 is not None
@@ -104,7 +123,6 @@ def scaled_dot_product_attention_backward(
                 and dv is not None)
         _attnx.backward(q, k, v, o4, do4, l4, dq, dk, dv, dm, m, kl, ql, p.causal, p.scale,
                         p.variants.core(slopes, sk), CALL_THREADS.get())
-    gm = _mask_grad(dmask, attn_mask) if dmask is not None else None
     gs = None
     if p.variants.sinks is not None:
         gs = _sinks_grad(p.variants.sinks.reshape(p.batch_shape + p.q.shape[-3:-2]), o, do,

@@ -87,6 +87,16 @@ typedef struct {
     int64_t sb, sh;
 } attnx_head_values;
 
+/* The gradient of a float mask, written by the backward: d(scores) element
+ * (b, h, i, j) of (B, Hq, Lq, Lk) is added to data[b*sb + h*sh + i*sq + j*sk].
+ * A stride of 0 sums that axis: a mask broadcast over batch, heads, queries
+ * or keys gets its gradient in its own shape, with no (B, Hq, Lq, Lk) array.
+ * Nonzero strides must address distinct elements. */
+typedef struct {
+    float *data;
+    int64_t sb, sh, sq, sk;
+} attnx_mask_grad;
+
 /* A band around each query's diagonal d(i) (i, or i + Lk - Lq when aligned
  * lower-right): key j is allowed only if d(i) - left <= j <= d(i) + right.
  * on = 0: no band; a negative left or right: that side is unbounded. */
@@ -149,8 +159,10 @@ attnx_status attnx_check_problem(const attnx_problem *p, const char **field);
  *   o      (B, Hq, Lq, Dv) the forward's output      dout (B, Hq, Lq, Dv)
  *   lse    (B, Hq, Lq) the forward's lse
  *   dq     (B, Hq, Lq, D)   dk (B, Hk, Lk, D)   dv (B, Hk, Lk, Dv): written whole
- *   dmask  (B, Hq, Lq, Lk) C-contiguous, or NULL: d(scores) of the allowed
- *          entries added in; the caller zeroes it (entries never visited stay 0)
+ *   dmask  the gradient of a float mask, or data NULL: d(scores) of the allowed
+ *          entries added in, summed along every axis whose stride is 0 (the
+ *          axes a broadcast mask repeats); the caller zeroes it (entries never
+ *          visited stay 0)
  * The gradient of the sinks, -sum_i exp(sink - lse_i) · rowsum(dout ∘ o)_i,
  * needs no pass over the keys: the caller computes it from o, dout and lse.
  * Deterministic: the same bits on every run with the same thread count. */
@@ -159,7 +171,7 @@ typedef struct {
     attnx_tensor o, dout;
     attnx_tensor lse;
     attnx_out_tensor dq, dk, dv;
-    float *dmask;
+    attnx_mask_grad dmask;
 } attnx_grad_problem;
 
 /* As attnx_check_problem, for the backward: *field names the member of g at

@@ -14,11 +14,39 @@
  * order) and the dQ rows of its heads; with several key ranges a head (few
  * heads, many threads), each range writes its own dQ partial and the
  * partials are summed afterwards in range order. No atomics: the same bits
- * on every run with a given thread count. */
+ * on every run with a given thread count.
+ *
+ * A float mask's gradient is summed along the axes the mask is broadcast
+ * over (stride 0 in g->dmask) where dS is computed: no (B, Hq, Lq, Lk) array.
+ * Items that would add into the same elements (other batches, other key/value
+ * heads, other key ranges along a summed axis) each write their own copy,
+ * the copies summed afterwards in a fixed order; when those copies would
+ * take more than MASK_COPIES_FLOATS, dS is instead recomputed in a pass of
+ * its own whose items own disjoint parts of the gradient (mask_pass_item:
+ * two of the five products again, no memory). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
+
+/* Copies of the mask's gradient beyond the caller's may take this many floats
+ * (4 MiB); more, and it gets a pass of its own. */
+#define MASK_COPIES_FLOATS ((size_t)1 << 20)
+/* Keys per chunk of the own pass's accumulator: (MASK_KEYS, BQ) floats a thread, 256 KiB. */
+#define MASK_KEYS 1024
+
+/* How the mask's gradient is accumulated. */
+typedef enum { MASK_GRAD_NONE = 0, MASK_GRAD_IN_PASS, MASK_GRAD_OWN_PASS } mask_grad_mode;
+
+typedef struct {
+    mask_grad_mode mode;
+    int64_t ext[4]; /* the gradient's extents (B, Hq, Lq, Lk, 1 along a summed axis) */
+    int64_t by_b, by_hk, by_split; /* which items write separate copies (0/1 each) */
+    int64_t ncopies;               /* copies: the caller's array, then ncopies - 1 in `copies` */
+    size_t size;                   /* floats of one copy: the product of ext */
+    float *copies;                 /* (ncopies - 1, ext...) C-contiguous, zeroed, or NULL */
+    float *acc;                    /* the own pass: (threads, MASK_KEYS, BQ), or NULL */
+} mask_grad_plan;
 
 typedef struct {
     attnx_run run;
@@ -26,6 +54,7 @@ typedef struct {
     bwd_plan plan;
     float *partial; /* nsplit > 1: dQ per range, (nsplit, B, Hq, Lq, D) */
     bwd_scratch *scr;
+    mask_grad_plan mg;
 } bwd_job;
 
 /* The rows of a (B, H, L, E) gradient array at (b, h, i). */
@@ -39,30 +68,60 @@ static const float *at_in(const attnx_tensor *t, int64_t b, int64_t h, int64_t i
     return t->data + b * t->sb + h * t->sh + i * t->sl;
 }
 
+/* dS (nq, nk), transposed in dpt (nk, BQ), added into the mask's gradient
+ * dm at (b, h, i0, j0); a stride 0 adds a whole axis into one element. */
+static void add_mask_grad(const attnx_mask_grad *dm, const float *dpt, int64_t b, int64_t h,
+                          int64_t i0, int nq, int64_t j0, int nk)
+{
+    float *base = dm->data + b * dm->sb + h * dm->sh + i0 * dm->sq + j0 * dm->sk;
+    if (dm->sq == 0) { /* summed over the queries (a padding mask): one sum per key */
+        for (int j = 0; j < nk; j++) {
+            float sum = 0.0f;
+            for (int i = 0; i < nq; i++) sum += dpt[j * BQ + i];
+            base[j * dm->sk] += sum;
+        }
+        return;
+    }
+    for (int i0 = 0; i0 < nq; i0 += 8) { /* 8 rows at a time: 8 write streams, reads in rows */
+        const int n = nq - i0 < 8 ? nq - i0 : 8;
+        for (int j = 0; j < nk; j++)
+            for (int i = i0; i < i0 + n; i++) base[i * dm->sq + j * dm->sk] += dpt[j * BQ + i];
+    }
+}
+
+/* dS of a tile into s->dpt (transposed, (BK, BQ)), from the packed block of
+ * head (b, h): S, P = exp(S - lse), dP = dO Vᵀ, dS = P ∘ (dP - D). P stays in
+ * s->st. */
+static void tile_ds(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t h, int64_t i0,
+                    int nq, int64_t j0, int nk)
+{
+    const attnx_problem *p = bj->run.p;
+    const attnx_kernels *kt = bj->run.kt;
+    const int64_t hk = h / bj->plan.group;
+    const float *k = at_in(&p->k, b, hk, j0), *v = at_in(&p->v, b, hk, j0);
+    attnx_score_tile(&bj->run, s->qt, 0, k, p->k.sl, b, h, i0, nq, j0, nk, s->st, /* S */
+                     s->capped);
+    kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones); /* P */
+    kt->qk(s->dot, BQ, nq, v, p->v.sl, nk, p->Dv, s->dpt); /* dP */
+}
+
 /* One tile: keys j0 .. j0+nk-1 against the packed block of queries
- * i0 .. i0+nq-1 of head (b, h). */
-static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t h, int64_t i0,
-                     int nq, int64_t j0, int nk)
+ * i0 .. i0+nq-1 of head (b, h); dm: where the mask's gradient goes, or NULL. */
+static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_grad *dm, int64_t b,
+                     int64_t h, int64_t i0, int nq, int64_t j0, int nk)
 {
     const attnx_problem *p = bj->run.p;
     const attnx_grad_problem *g = bj->g;
     const attnx_kernels *kt = bj->run.kt;
     const int64_t hk = h / bj->plan.group;
-    const float *k = at_in(&p->k, b, hk, j0), *v = at_in(&p->v, b, hk, j0);
+    const float *k = at_in(&p->k, b, hk, j0);
     const float *q = at_in(&p->q, b, h, i0), *dout = at_in(&g->dout, b, h, i0);
 
-    attnx_score_tile(&bj->run, s->qt, 0, k, p->k.sl, b, h, i0, nq, j0, nk, s->st, /* S */
-                     s->capped);
-    kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones);                     /* P */
-    kt->qk(s->dot, BQ, nq, v, p->v.sl, nk, p->Dv, s->dpt);                     /* dP */
+    tile_ds(bj, s, b, h, i0, nq, j0, nk);                                      /* P, dP */
     kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv, at(&g->dv, b, hk, j0), /* dV += Pᵀ dO */
             g->dv.sl);
     kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec); /* dS */
-    if (g->dmask) {
-        float *dm = g->dmask + ((b * p->Hq + h) * p->Lq + i0) * p->Lk + j0;
-        for (int i = 0; i < nq; i++)
-            for (int j = 0; j < nk; j++) dm[i * p->Lk + j] = s->dpt[j * BQ + i];
-    }
+    if (dm) add_mask_grad(dm, s->dpt, b, h, i0, nq, j0, nk);
     if (p->softcap > 0.0f) /* dS through the tanh: × (1 - (capped / softcap)²) */
         kt->softcap_bwd(s->dpt, s->capped, BQ, nq, nk, 1.0f / p->softcap);
     kt->ptx(s->dpt, BQ, nq, q, p->q.sl, nk, p->D, at(&g->dk, b, hk, j0), /* dK += dSᵀ Q */
@@ -94,8 +153,8 @@ static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, int64_t b, 
 
 /* Queries i0 .. i0+rows-1 of head (b, h) against keys [kbeg, kstop): their
  * contribution to dK and dV, and their dQ rows (scaled) written to dq. */
-static void bwd_block(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t h, int64_t i0,
-                      int64_t kbeg, int64_t kstop, float *dq, int64_t dq_sl)
+static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_grad *dm, int64_t b,
+                      int64_t h, int64_t i0, int64_t kbeg, int64_t kstop, float *dq, int64_t dq_sl)
 {
     const attnx_problem *p = bj->run.p;
     const head_bounds hb = bounds_of(p, b, h);
@@ -107,10 +166,121 @@ static void bwd_block(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_
     if (nq == 0 || kfrom >= kend) return;
     bwd_start_block(bj, s, b, h, i0, nq);
     for (int64_t j0 = kfrom; j0 < kend; j0 += BK)
-        bwd_tile(bj, s, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
+        bwd_tile(bj, s, dm, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
     for (int i = 0; i < nq; i++)
         for (int64_t e = 0; e < p->D; e++)
             dq[i * dq_sl + e] = p->scale * s->dqacc[i * bj->plan.ldqa + e];
+}
+
+/* ---- the mask's gradient ------------------------------------------------------ */
+
+/* Where item (b, hk, split) adds its dS during the main pass: the caller's
+ * array (copy 0) or its own copy; 0 when the main pass adds none. */
+static int mask_grad_target(const bwd_job *bj, int64_t b, int64_t hk, int64_t split,
+                            attnx_mask_grad *dm)
+{
+    const mask_grad_plan *mg = &bj->mg;
+    if (mg->mode != MASK_GRAD_IN_PASS) return 0;
+    const int64_t c =
+        ((mg->by_b ? b : 0) * (mg->by_hk ? bj->run.p->Hk : 1) + (mg->by_hk ? hk : 0)) *
+            (mg->by_split ? bj->plan.nsplit : 1) +
+        (mg->by_split ? split : 0);
+    *dm = bj->g->dmask;
+    if (c == 0) return 1;
+    const int64_t *e = mg->ext; /* a copy is C-contiguous (ext...), 0 along summed axes */
+    dm->data = mg->copies + (size_t)(c - 1) * mg->size;
+    dm->sk = bj->g->dmask.sk ? 1 : 0;
+    dm->sq = bj->g->dmask.sq ? e[3] : 0;
+    dm->sh = bj->g->dmask.sh ? e[2] * e[3] : 0;
+    dm->sb = bj->g->dmask.sb ? e[1] * e[2] * e[3] : 0;
+    return 1;
+}
+
+/* The copies added into the caller's array, in copy order. */
+static void mask_grad_merge(const bwd_job *bj)
+{
+    const mask_grad_plan *mg = &bj->mg;
+    const attnx_mask_grad *dm = &bj->g->dmask;
+    const int64_t *e = mg->ext;
+    size_t r = 0;
+    for (int64_t b = 0; b < e[0]; b++)
+        for (int64_t h = 0; h < e[1]; h++)
+            for (int64_t i = 0; i < e[2]; i++)
+                for (int64_t j = 0; j < e[3]; j++, r++) {
+                    float *to = dm->data + b * dm->sb + h * dm->sh + i * dm->sq + j * dm->sk;
+                    for (int64_t c = 1; c < mg->ncopies; c++)
+                        *to += mg->copies[(size_t)(c - 1) * mg->size + r];
+                }
+}
+
+/* Item i of the mask's own pass: the items are the gradient's (batch, head,
+ * query block) along its axes that are not summed; each adds, in a fixed
+ * order, every (b, h, i) that lands on its part. dS is summed over the heads
+ * in dpt's transposed layout, (keys, BQ), a chunk of MASK_KEYS keys at a time
+ * in the thread's accumulator (contiguous adds, in cache), then added into
+ * the gradient once per chunk: the transposing add is paid once, not once a
+ * head. */
+static void mask_pass_item(void *arg, int tid, int64_t item)
+{
+    const bwd_job *bj = arg;
+    const bwd_scratch *s = &bj->scr[tid];
+    const attnx_problem *p = bj->run.p;
+    const attnx_mask_grad *dm = &bj->g->dmask;
+    float *acc = bj->mg.acc + (size_t)tid * MASK_KEYS * BQ; /* (MASK_KEYS, BQ) */
+    const int64_t nqb = dm->sq ? (p->Lq + BQ - 1) / BQ : 1;
+    const int64_t qb = item % nqb, bh = item / nqb, rh = bh % bj->mg.ext[1],
+                  rb = bh / bj->mg.ext[1];
+    const int64_t b0 = dm->sb ? rb : 0, b1 = dm->sb ? rb + 1 : p->B;
+    const int64_t h0 = dm->sh ? rh : 0, h1 = dm->sh ? rh + 1 : p->Hq;
+    const int64_t i_from = dm->sq ? qb * BQ : 0, i_to = dm->sq ? min64(p->Lq, i_from + BQ) : p->Lq;
+    for (int64_t i0 = i_from; i0 < i_to; i0 += BQ)
+        for (int64_t c0 = 0; c0 < p->Lk; c0 += MASK_KEYS) {
+            const int64_t c1 = min64(p->Lk, c0 + MASK_KEYS);
+            memset(acc, 0, sizeof(float) * (size_t)(c1 - c0) * BQ);
+            for (int64_t b = b0; b < b1; b++)
+                for (int64_t h = h0; h < h1; h++) {
+                    const head_bounds hb = bounds_of(p, b, h);
+                    const int nq = rows_attending(&hb, i0, (int)min64(BQ, p->Lq - i0));
+                    const int64_t j_to = min64(c1, keys_end(&hb, i0, nq));
+                    if (nq == 0 || max64(c0, keys_begin(&hb, i0)) >= j_to) continue;
+                    bwd_start_block(bj, s, b, h, i0, nq);
+                    for (int64_t j0 = max64(c0, keys_begin(&hb, i0)); j0 < j_to; j0 += BK) {
+                        const int nk = (int)min64(BK, j_to - j0);
+                        tile_ds(bj, s, b, h, i0, nq, j0, nk);
+                        bj->run.kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec);
+                        float *a = acc + (j0 - c0) * BQ;
+                        for (int j = 0; j < nk; j++)
+                            for (int i = 0; i < nq; i++) a[j * BQ + i] += s->dpt[j * BQ + i];
+                    }
+                }
+            add_mask_grad(dm, acc, b0, h0, i0, (int)min64(BQ, p->Lq - i0), c0, (int)(c1 - c0));
+        }
+}
+
+/* How the mask's gradient is summed: in the main pass (with copies for items
+ * that share elements, if they are small) or in a pass of its own. */
+static void plan_mask_grad(bwd_job *bj)
+{
+    const attnx_problem *p = bj->run.p;
+    const attnx_mask_grad *dm = &bj->g->dmask;
+    mask_grad_plan *mg = &bj->mg;
+    memset(mg, 0, sizeof *mg);
+    if (!dm->data || p->Lq == 0 || p->Lk == 0) return;
+    const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    const int64_t strides[4] = {dm->sb, dm->sh, dm->sq, dm->sk};
+    mg->size = 1;
+    for (int a = 0; a < 4; a++) {
+        mg->ext[a] = strides[a] ? full[a] : 1;
+        mg->size *= (size_t)mg->ext[a]; /* no overflow: at most the caller's array */
+    }
+    mg->by_b = dm->sb == 0 && p->B > 1;
+    mg->by_hk = dm->sh == 0 && p->Hk > 1;
+    mg->by_split = dm->sk == 0 && bj->plan.nsplit > 1;
+    mg->ncopies =
+        (mg->by_b ? p->B : 1) * (mg->by_hk ? p->Hk : 1) * (mg->by_split ? bj->plan.nsplit : 1);
+    const size_t extra = (size_t)(mg->ncopies - 1);
+    mg->mode = extra == 0 || mg->size <= MASK_COPIES_FLOATS / extra ? MASK_GRAD_IN_PASS
+                                                                    : MASK_GRAD_OWN_PASS;
 }
 
 /* Item i: the keys [kbeg, kstop) of key/value head (b, hk), against every
@@ -124,6 +294,8 @@ static void bwd_item(void *arg, int tid, int64_t item)
     const int64_t split = item % bj->plan.nsplit, bhk = item / bj->plan.nsplit;
     const int64_t hk = bhk % p->Hk, b = bhk / p->Hk, group = bj->plan.group;
     const int64_t kbeg = split * bj->plan.kchunk, kstop = min64(p->Lk, kbeg + bj->plan.kchunk);
+    attnx_mask_grad dm;
+    const int with_mask = mask_grad_target(bj, b, hk, split, &dm);
     for (int64_t j = kbeg; j < kstop; j++) {
         memset(at(&g->dk, b, hk, j), 0, sizeof(float) * (size_t)p->D);
         memset(at(&g->dv, b, hk, j), 0, sizeof(float) * (size_t)p->Dv);
@@ -131,9 +303,10 @@ static void bwd_item(void *arg, int tid, int64_t item)
     for (int64_t h = hk * group; h < (hk + 1) * group; h++)
         for (int64_t i0 = 0; i0 < p->Lq; i0 += BQ) {
             if (bj->plan.nsplit == 1)
-                bwd_block(bj, s, b, h, i0, kbeg, kstop, at(&g->dq, b, h, i0), g->dq.sl);
+                bwd_block(bj, s, with_mask ? &dm : NULL, b, h, i0, kbeg, kstop,
+                          at(&g->dq, b, h, i0), g->dq.sl);
             else
-                bwd_block(bj, s, b, h, i0, kbeg, kstop,
+                bwd_block(bj, s, with_mask ? &dm : NULL, b, h, i0, kbeg, kstop,
                           bj->partial + (((split * p->B + b) * p->Hq + h) * p->Lq + i0) * p->D,
                           p->D);
         }
@@ -162,6 +335,8 @@ static void free_scratch(bwd_job *bj, int taken)
     for (int t = 0; t < taken; t++) attnx_scratch_give_back(t, bj->scr[t].qt);
     free(bj->scr);
     free(bj->partial);
+    free(bj->mg.copies);
+    free(bj->mg.acc);
 }
 
 static attnx_status alloc_scratch(bwd_job *bj)
@@ -169,6 +344,19 @@ static attnx_status alloc_scratch(bwd_job *bj)
     const int nt = bj->plan.threads;
     if (bj->plan.partial && !(bj->partial = attnx_alloc_floats(bj->plan.partial)))
         return ATTNX_ERR_NOMEM;
+    if (bj->mg.mode == MASK_GRAD_IN_PASS && bj->mg.ncopies > 1) {
+        const size_t n = (size_t)(bj->mg.ncopies - 1) * bj->mg.size; /* <= MASK_COPIES_FLOATS */
+        if (!(bj->mg.copies = attnx_alloc_floats(n))) {
+            free_scratch(bj, 0);
+            return ATTNX_ERR_NOMEM;
+        }
+        memset(bj->mg.copies, 0, n * sizeof(float));
+    }
+    if (bj->mg.mode == MASK_GRAD_OWN_PASS &&
+        !(bj->mg.acc = attnx_alloc_floats((size_t)nt * MASK_KEYS * BQ))) {
+        free_scratch(bj, 0);
+        return ATTNX_ERR_NOMEM;
+    }
     if (!(bj->scr = calloc((size_t)nt, sizeof(bwd_scratch)))) {
         free_scratch(bj, 0);
         return ATTNX_ERR_NOMEM;
@@ -190,9 +378,16 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
     if (st != ATTNX_OK || g->f.B == 0 || g->f.Hk == 0) return st;
     bwd_job bj = {.run = attnx_run_of(&g->f), .g = g};
     if ((st = attnx_plan_backward(&g->f, &bj.plan)) != ATTNX_OK) return st;
+    plan_mask_grad(&bj);
     if ((st = alloc_scratch(&bj)) != ATTNX_OK) return st;
     attnx_parallel_items(bj.plan.threads, bj.plan.n_items, bwd_item, &bj);
     if (bj.plan.nsplit > 1) bwd_merge_dq(&bj);
+    if (bj.mg.copies) mask_grad_merge(&bj);
+    if (bj.mg.mode == MASK_GRAD_OWN_PASS) {
+        const int64_t nqb = g->dmask.sq ? (g->f.Lq + BQ - 1) / BQ : 1;
+        attnx_parallel_items(bj.plan.threads, bj.mg.ext[0] * bj.mg.ext[1] * nqb, mask_pass_item,
+                             &bj);
+    }
     free_scratch(&bj, bj.plan.threads);
     return ATTNX_OK;
 }

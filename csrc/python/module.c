@@ -401,8 +401,9 @@ PyDoc_STRVAR(backward_doc,
              "query_lengths, causal, scale, variant=None, threads=0)\n--\n\n"
              "Private: gradients of forward() on 4-D float32 views. out, dout (B,Hq,Lq,Ev);\n"
              "lse (B,Hq,Lq,1) view; dq (B,Hq,Lq,E), dk (B,Hk,Lk,E), dv (B,Hk,Lk,Ev) writeable;\n"
-             "dmask None or (B,Hq,Lq,Lk) C-contiguous, zeroed; threads as forward()'s. Use "
-             "attnx.scaled_dot_product_attention_vjp.");
+             "dmask None or a float32 (B,Hq,Lq,Lk) view, zeroed, writeable, whose stride-0\n"
+             "axes are summed (a broadcast mask's gradient in its own shape); threads as\n"
+             "forward()'s. Use attnx.scaled_dot_product_attention_vjp.");
 
 /* The forward's out and lse, the upstream gradient dout. */
 static int fill_saved(attnx_grad_problem *g, PyObject *o, PyObject *dout, PyObject *lse)
@@ -414,20 +415,52 @@ static int fill_saved(attnx_grad_problem *g, PyObject *o, PyObject *dout, PyObje
            fill_in(&g->lse, lse, "lse", lshape);
 }
 
+/* A float mask's gradient: a float32 (B, Hq, Lq, Lk) writeable view, zeroed,
+ * summed along its stride-0 axes. Other strides must not be negative, and
+ * must address distinct elements: they are those of a C-contiguous array
+ * with the summed axes removed (attnx/_grad.py makes that view). */
+static int fill_mask_grad(attnx_grad_problem *g, PyObject *dmask)
+{
+    if (dmask == Py_None) return 1;
+    const attnx_problem *p = &g->f;
+    const npy_intp full[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    if (!check_type(dmask, "dmask", " or None")) return 0;
+    PyArrayObject *a = (PyArrayObject *)dmask;
+    if (!check_dtype(a, "dmask", NPY_FLOAT32) || !check_shape(a, "dmask", full)) return 0;
+    if (!PyArray_ISWRITEABLE(a) || !PyArray_ISALIGNED(a)) {
+        PyErr_SetString(PyExc_ValueError, "dmask must be writeable and aligned");
+        return 0;
+    }
+    npy_intp expect = PyArray_ITEMSIZE(a); /* the stride of the next axis not summed */
+    for (int i = 3; i >= 0; i--) {
+        const npy_intp st = PyArray_STRIDE(a, i);
+        if (st != 0 && full[i] > 1 && st != expect) {
+            PyErr_Format(PyExc_ValueError,
+                         "dmask axis %d: stride %zd, expected 0 (summed) or %zd (contiguous)", i,
+                         st, expect);
+            return 0;
+        }
+        if (st != 0) expect *= full[i];
+    }
+    g->dmask = (attnx_mask_grad){.data = PyArray_DATA(a),
+                                 .sb = estride(dmask, 0),
+                                 .sh = estride(dmask, 1),
+                                 .sq = estride(dmask, 2),
+                                 .sk = estride(dmask, 3)};
+    return 1;
+}
+
 /* The gradients the backward writes: dq, dk, dv, and dmask if asked. */
 static int fill_grads(attnx_grad_problem *g, PyObject *dq, PyObject *dk, PyObject *dv,
                       PyObject *dmask)
 {
     const attnx_problem *p = &g->f;
     const npy_intp qshape[4] = {p->B, p->Hq, p->Lq, p->D}, kshape[4] = {p->B, p->Hk, p->Lk, p->D},
-                   vshape[4] = {p->B, p->Hk, p->Lk, p->Dv}, mshape[4] = {p->B, p->Hq, p->Lq, p->Lk};
+                   vshape[4] = {p->B, p->Hk, p->Lk, p->Dv};
     if (!fill_out(&g->dq, dq, "dq", qshape) || !fill_out(&g->dk, dk, "dk", kshape) ||
         !fill_out(&g->dv, dv, "dv", vshape))
         return 0;
-    if (dmask == Py_None) return 1;
-    if (!check_array(dmask, "dmask", mshape, WRITE_C_CONTIGUOUS)) return 0;
-    g->dmask = PyArray_DATA((PyArrayObject *)dmask);
-    return 1;
+    return fill_mask_grad(g, dmask);
 }
 
 static PyObject *py_backward(PyObject *self, PyObject *args)
