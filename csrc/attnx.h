@@ -51,7 +51,8 @@ typedef struct {
     int64_t sb, sh, sl;
 } attnx_tensor;
 
-/* A read-only IEEE binary16 (half) array, laid out as attnx_tensor. */
+/* A read-only array of 16-bit floats, IEEE binary16 (half) or bfloat16 (the
+ * problem's half_format), laid out as attnx_tensor. */
 typedef struct {
     const uint16_t *data;
     int64_t sb, sh, sl;
@@ -105,6 +106,10 @@ typedef struct {
     int64_t left, right;
 } attnx_window;
 
+/* The format of 16-bit keys and values: IEEE binary16, or bfloat16 (the top
+ * half of a float32: sign, 8 exponent bits, 7 mantissa bits). */
+typedef enum { ATTNX_HALF_F16 = 0, ATTNX_HALF_BF16 } attnx_half_format;
+
 /* Where the diagonal d(i) of the band and of ALiBi lies when causal is
  * ATTNX_CAUSAL_NONE (with a causal mode, the mode's alignment is used). */
 typedef enum { ATTNX_ALIGN_UPPER_LEFT = 0, ATTNX_ALIGN_LOWER_RIGHT } attnx_align;
@@ -134,11 +139,13 @@ typedef struct {
     float softcap;           /* > 0: logit soft-capping (Gemma 2); 0: none */
     attnx_head_values alibi; /* (B, Hq) ALiBi slopes (BLOOM, MPT), or data NULL */
     attnx_head_values sinks; /* (B, Hq) attention-sink logits (gpt-oss), or data NULL */
-    /* Keys and values in half precision (a float16 KV cache), forward only:
-     * when k16.data is set, k16 and v16 are read and k, v are not used. A few
+    /* Keys and values in 16 bits (a float16 or bfloat16 KV cache), forward
+     * only: when k16.data is set, k16 and v16 are read and k, v are not used;
+     * half_format (attnx_half_format) says which format both hold. A few
      * query rows (decoding) convert them in registers; larger blocks convert
      * them tile by tile to float32 in scratch. Accumulation is float32. */
     attnx_half_tensor k16, v16;
+    int half_format;
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only

@@ -85,7 +85,7 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
     const attnx_problem *p = jb->run.p;
     if (p->k16.data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
         const attnx_half_tensor *k = &p->k16;
-        jb->run.kt->qk_dot_half(s->qt, p->D, it->nq,
+        jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq,
                                 k->data + it->b * k->sb + it->hk * k->sh + j0 * k->sl, k->sl, nk,
                                 s->st, BQ);
         attnx_finish_tile(&jb->run, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL);
@@ -104,7 +104,7 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     const attnx_problem *p = jb->run.p;
     if (p->v16.data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
         const attnx_half_tensor *v = &p->v16;
-        jb->run.kt->pv_half(s->st, BQ, it->nq,
+        jb->run.kt->pv_half(p->half_format, s->st, BQ, it->nq,
                             v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl, v->sl, nk, p->Dv,
                             alpha, s->acc, jb->plan.ldacc);
         return;

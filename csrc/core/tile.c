@@ -75,7 +75,8 @@ const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk
     const int64_t width = values ? p->Dv : p->D;
     if (p->k16.data) {
         const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
-        r->kt->half_rows(t->data + b * t->sb + hk * t->sh + j0 * t->sl, t->sl, nk, width, buf);
+        r->kt->half_rows(p->half_format, t->data + b * t->sb + hk * t->sh + j0 * t->sl, t->sl, nk,
+                         width, buf);
         *sl = width;
         return buf;
     }
@@ -88,7 +89,8 @@ float attnx_kv_at(const attnx_problem *p, int values, int64_t b, int64_t hk, int
 {
     if (p->k16.data) {
         const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
-        return attnx_half_to_float(t->data[b * t->sb + hk * t->sh + j * t->sl + d]);
+        return attnx_half16_to_float(p->half_format,
+                                     t->data[b * t->sb + hk * t->sh + j * t->sl + d]);
     }
     const attnx_tensor *t = values ? &p->v : &p->k;
     return t->data[b * t->sb + hk * t->sh + j * t->sl + d];

@@ -32,8 +32,13 @@ static attnx_status check_options(const attnx_problem *p, const char **field)
     if (!isfinite(p->scale)) return refuse(field, "scale", ATTNX_ERR_ARG);
     if (p->align < ATTNX_ALIGN_UPPER_LEFT || p->align > ATTNX_ALIGN_LOWER_RIGHT)
         return refuse(field, "align", ATTNX_ERR_ARG);
-    if (!(p->softcap >= 0.0f && p->softcap < INFINITY)) /* 0: none; NaN fails too */
+    /* 0: none; NaN fails too; a cap so small that its reciprocal overflows would
+     * give inf · 0 = NaN in the scores */
+    if (!(p->softcap >= 0.0f && p->softcap < INFINITY) ||
+        (p->softcap > 0.0f && !(1.0f / p->softcap < INFINITY)))
         return refuse(field, "softcap", ATTNX_ERR_ARG);
+    if (p->half_format != ATTNX_HALF_F16 && p->half_format != ATTNX_HALF_BF16)
+        return refuse(field, "half_format", ATTNX_ERR_ARG);
     return ATTNX_OK;
 }
 

@@ -37,6 +37,10 @@
 #define V_DIV(a, b) _mm256_div_ps(a, b)
 #define V_ANY_NOT_LT(a, b) (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_NLT_UQ)) != 0)
 #define V_LOAD_HALF(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+/* bfloat16 to float32: each 16 bits widened and shifted to the top half */
+#define V_LOAD_BF16(p)   \
+    _mm256_castsi256_ps( \
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define V_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n)        \
     _mm256_castsi256_ps( \

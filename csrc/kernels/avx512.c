@@ -37,6 +37,10 @@
 #define V_DIV(a, b) _mm512_div_ps(a, b)
 #define V_ANY_NOT_LT(a, b) (_mm512_cmp_ps_mask(a, b, _CMP_NLT_UQ) != 0)
 #define V_LOAD_HALF(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+/* bfloat16 to float32: each 16 bits widened and shifted to the top half */
+#define V_LOAD_BF16(p)   \
+    _mm512_castsi512_ps( \
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define V_ROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_POW2(n)        \
     _mm512_castsi512_ps( \

@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attnx.h" /* attnx_half_format */
+
 #ifndef ATTNX_BQ
 #define ATTNX_BQ 64 /* queries per tile (ldq); a multiple of every vector width */
 #endif
@@ -123,21 +125,23 @@ typedef struct attnx_kernels {
      * so every ISA gives the same bits. st: (nk, ldq) */
     void (*alibi)(float *st, int64_t ldq, int nq, int nk, float slope, int64_t c);
 
-    /* Half-precision rows to float32 (exact): dst[j*n + d] = src[j*src_sl + d]
-     * for j < rows, d < n.  src: (rows, n) rows src_sl apart  dst: (rows, n) */
-    void (*half_rows)(const uint16_t *src, int64_t src_sl, int rows, int64_t n, float *dst);
+    /* 16-bit rows to float32 (exact): dst[j*n + d] = src[j*src_sl + d] for
+     * j < rows, d < n; fmt: attnx_half_format (IEEE half or bfloat16), for
+     * this and the next two kernels.  src: (rows, n) rows src_sl apart  dst: (rows, n) */
+    void (*half_rows)(int fmt, const uint16_t *src, int64_t src_sl, int rows, int64_t n,
+                      float *dst);
 
-    /* qk_dot for few queries (decoding) over half-precision keys, converted in
+    /* qk_dot for few queries (decoding) over 16-bit keys, converted in
      * registers as they are read: the same results, bit for bit, as qk_dot on
-     * the rows converted by half_rows.  k: (nk, D) halves, rows k_sl apart */
-    void (*qk_dot_half)(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl, int nk,
-                        float *st, int64_t ldq);
+     * the rows converted by half_rows.  k: (nk, D) 16-bit, rows k_sl apart */
+    void (*qk_dot_half)(int fmt, const float *qr, int64_t D, int nq, const uint16_t *k,
+                        int64_t k_sl, int nk, float *st, int64_t ldq);
 
-    /* pv for few queries (decoding) over half-precision values, converted in
+    /* pv for few queries (decoding) over 16-bit values, converted in
      * registers as they are read: the same results, bit for bit, as pv on the
-     * rows converted by half_rows.  v: (nk, Dv) halves, rows v_sl apart */
-    void (*pv_half)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
-                    int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
+     * rows converted by half_rows.  v: (nk, Dv) 16-bit, rows v_sl apart */
+    void (*pv_half)(int fmt, const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                    int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
 } attnx_kernels;
 
 /* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the
@@ -257,6 +261,21 @@ static inline float attnx_half_to_float(uint16_t h)
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* A bfloat16 value as float: its 16 bits are the top half of the float's. */
+static inline float attnx_bf16_to_float(uint16_t h)
+{
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* A 16-bit value of format fmt (attnx_half_format) as float. */
+static inline float attnx_half16_to_float(int fmt, uint16_t h)
+{
+    return fmt == ATTNX_HALF_BF16 ? attnx_bf16_to_float(h) : attnx_half_to_float(h);
 }
 
 #endif

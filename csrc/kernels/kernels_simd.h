@@ -97,57 +97,64 @@ static void SUFFIX(qk)(const float *qt, int64_t ldq, int nq, const float *k, int
 /* ---- scores for a few queries: dot products along D ----------------------
  * Four keys at a time share each load of the query row; the partial vector
  * of a row that is not a multiple of W is a masked load. Keys in float32, or
- * in half precision converted as they are loaded (half = 1: the same float
- * operations on the same values, so the same bits as on converted rows). */
+ * in 16 bits converted as they are loaded (kind ROW_F16, ROW_BF16: the same
+ * float operations on the same values, so the same bits as on converted rows). */
+
+/* What a row of keys or values holds: float32, or 16-bit floats of an
+ * attnx_half_format (its code + 1). */
+enum { ROW_F32 = 0, ROW_F16 = 1 + ATTNX_HALF_F16, ROW_BF16 = 1 + ATTNX_HALF_BF16 };
 
 /* The last n < W elements of key row x as a zero-padded vector: a masked
  * load, or the halves converted one by one into the lanes it would give. */
-ATTNX_INLINE VF key_tail(const void *x, int n, VMASK mk, const int half)
+ATTNX_INLINE VF key_tail(const void *x, int n, VMASK mk, const int kind)
 {
-    if (!half) return V_LOAD_M((const float *)x, mk);
+    if (kind == ROW_F32) return V_LOAD_M((const float *)x, mk);
     float t[W];
-    for (int l = 0; l < W; l++) t[l] = l < n ? attnx_half_to_float(((const uint16_t *)x)[l]) : 0.0f;
+    for (int l = 0; l < W; l++)
+        t[l] = l < n ? attnx_half16_to_float(kind - 1, ((const uint16_t *)x)[l]) : 0.0f;
     return V_LOAD(t);
 }
 
-ATTNX_INLINE VF key_load(const void *x, const int half)
+ATTNX_INLINE VF key_load(const void *x, const int kind)
 {
-    return half ? V_LOAD_HALF((const uint16_t *)x) : V_LOAD((const float *)x);
+    return kind == ROW_F32    ? V_LOAD((const float *)x)
+           : kind == ROW_BF16 ? V_LOAD_BF16((const uint16_t *)x)
+                              : V_LOAD_HALF((const uint16_t *)x);
 }
 
 /* Element e of key row j: k + (j * k_sl + e) elements of 4 or 2 bytes. */
-ATTNX_INLINE const void *key_at(const void *k, int64_t at, const int half)
+ATTNX_INLINE const void *key_at(const void *k, int64_t at, const int kind)
 {
-    return (const char *)k + at * (half ? 2 : 4);
+    return (const char *)k + at * (kind ? 2 : 4);
 }
 
-// qr: (nq, D)  k: (nk, D) rows k_sl apart (float or half)  st: (nk, ldq)
+// qr: (nq, D)  k: (nk, D) rows k_sl apart (float or 16-bit)  st: (nk, ldq)
 ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, int64_t k_sl,
-                             int nk, float *st, int64_t ldq, const int half)
+                             int nk, float *st, int64_t ldq, const int kind)
 {
     const int64_t dfull = D / W * W;
     const int tail = (int)(D - dfull);
     const VMASK mk = V_MASK(tail);
     int j = 0;
     for (; j + 4 <= nk; j += 4) {
-        const void *k0 = key_at(k, j * k_sl, half), *k1 = key_at(k, (j + 1) * k_sl, half);
-        const void *k2 = key_at(k, (j + 2) * k_sl, half), *k3 = key_at(k, (j + 3) * k_sl, half);
+        const void *k0 = key_at(k, j * k_sl, kind), *k1 = key_at(k, (j + 1) * k_sl, kind);
+        const void *k2 = key_at(k, (j + 2) * k_sl, kind), *k3 = key_at(k, (j + 3) * k_sl, kind);
         for (int i = 0; i < nq; i++) {
             const float *q = qr + i * D;
             VF a0 = V_ZERO(), a1 = V_ZERO(), a2 = V_ZERO(), a3 = V_ZERO();
             for (int64_t d = 0; d < dfull; d += W) {
                 const VF qv = V_LOAD(q + d);
-                a0 = V_FMA(qv, key_load(key_at(k0, d, half), half), a0);
-                a1 = V_FMA(qv, key_load(key_at(k1, d, half), half), a1);
-                a2 = V_FMA(qv, key_load(key_at(k2, d, half), half), a2);
-                a3 = V_FMA(qv, key_load(key_at(k3, d, half), half), a3);
+                a0 = V_FMA(qv, key_load(key_at(k0, d, kind), kind), a0);
+                a1 = V_FMA(qv, key_load(key_at(k1, d, kind), kind), a1);
+                a2 = V_FMA(qv, key_load(key_at(k2, d, kind), kind), a2);
+                a3 = V_FMA(qv, key_load(key_at(k3, d, kind), kind), a3);
             }
             if (tail) {
                 const VF qv = V_LOAD_M(q + dfull, mk);
-                a0 = V_FMA(qv, key_tail(key_at(k0, dfull, half), tail, mk, half), a0);
-                a1 = V_FMA(qv, key_tail(key_at(k1, dfull, half), tail, mk, half), a1);
-                a2 = V_FMA(qv, key_tail(key_at(k2, dfull, half), tail, mk, half), a2);
-                a3 = V_FMA(qv, key_tail(key_at(k3, dfull, half), tail, mk, half), a3);
+                a0 = V_FMA(qv, key_tail(key_at(k0, dfull, kind), tail, mk, kind), a0);
+                a1 = V_FMA(qv, key_tail(key_at(k1, dfull, kind), tail, mk, kind), a1);
+                a2 = V_FMA(qv, key_tail(key_at(k2, dfull, kind), tail, mk, kind), a2);
+                a3 = V_FMA(qv, key_tail(key_at(k3, dfull, kind), tail, mk, kind), a3);
             }
             st[j * ldq + i] = V_HSUM(a0);
             st[(j + 1) * ldq + i] = V_HSUM(a1);
@@ -156,15 +163,15 @@ ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, 
         }
     }
     for (; j < nk; j++) {
-        const void *kj = key_at(k, j * k_sl, half);
+        const void *kj = key_at(k, j * k_sl, kind);
         for (int i = 0; i < nq; i++) {
             const float *q = qr + i * D;
             VF a0 = V_ZERO();
             for (int64_t d = 0; d < dfull; d += W)
-                a0 = V_FMA(V_LOAD(q + d), key_load(key_at(kj, d, half), half), a0);
+                a0 = V_FMA(V_LOAD(q + d), key_load(key_at(kj, d, kind), kind), a0);
             if (tail)
                 a0 = V_FMA(V_LOAD_M(q + dfull, mk),
-                           key_tail(key_at(kj, dfull, half), tail, mk, half), a0);
+                           key_tail(key_at(kj, dfull, kind), tail, mk, kind), a0);
             st[j * ldq + i] = V_HSUM(a0);
         }
     }
@@ -176,10 +183,13 @@ static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, i
     qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, 0);
 }
 
-static void SUFFIX(qk_dot_half)(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl,
-                                int nk, float *st, int64_t ldq)
+static void SUFFIX(qk_dot_half)(int fmt, const float *qr, int64_t D, int nq, const uint16_t *k,
+                                int64_t k_sl, int nk, float *st, int64_t ldq)
 {
-    qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, 1);
+    if (fmt == ATTNX_HALF_BF16)
+        qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, ROW_BF16);
+    else
+        qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, ROW_F16);
 }
 
 /* ---- online softmax, one query per lane ----------------------------------- */
@@ -343,11 +353,11 @@ static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t D
  * Register block: MR queries × NV vectors of Dv; each step broadcasts
  * p[j][i] and multiplies a vector of the value row v[j]. The last vector of a
  * row may be partial (TAIL lanes, masked loads and stores). Values in float32,
- * or in half precision converted as they are loaded (half = 1, as qk_dot_any:
+ * or in 16 bits converted as they are loaded (kind, as qk_dot_any:
  * the same bits as on converted rows). */
 ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const float *pt,
                            int64_t s_sum, int64_t s_row, const void *v, int64_t v_sl, int nk,
-                           const float *alpha, float *acc, int64_t ldacc, const int half)
+                           const float *alpha, float *acc, int64_t ldacc, const int kind)
 {
     const VMASK mk = V_MASK(tail ? tail : W);
     VF a[PV_MR][PV_NV];
@@ -362,8 +372,8 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
     for (int j = 0; j < nk; j++) {
         VF vv[PV_NV];
         for (int c = 0; c < NV; c++) {
-            const void *x = key_at(v, j * v_sl + c * W, half);
-            vv[c] = (tail && c == NV - 1) ? key_tail(x, tail, mk, half) : key_load(x, half);
+            const void *x = key_at(v, j * v_sl + c * W, kind);
+            vv[c] = (tail && c == NV - 1) ? key_tail(x, tail, mk, kind) : key_load(x, kind);
         }
         for (int r = 0; r < MR; r++) {
             const VF p = V_BCAST(pt + j * s_sum + r * s_row);
@@ -384,17 +394,17 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
 #define PV_CASE(mr, nv)                                                                          \
     case (mr) * 8 + (nv):                                                                        \
         if (tail)                                                                                \
-            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, key_at(v, d0, half), v_sl, nk,  \
-                     al, ai + d0, ldacc, half);                                                  \
+            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, nk,  \
+                     al, ai + d0, ldacc, kind);                                                  \
         else                                                                                     \
-            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, key_at(v, d0, half), v_sl, nk, al, \
-                     ai + d0, ldacc, half);                                                      \
+            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, nk, al, \
+                     ai + d0, ldacc, kind);                                                      \
         break;
 
 /* acc (nrow, ldacc) [+]= Σ_t pt[t*s_sum + r*s_row] · v[t*v_sl + :] over t < nsum */
 ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, const void *v,
                          int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
-                         int64_t ldacc, const int half)
+                         int64_t ldacc, const int kind)
 {
     const int64_t nvec = (Dv + W - 1) / W;
     for (int i = 0; i < nq; i += PV_MR) {
@@ -420,11 +430,15 @@ static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int
     pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, 0);
 }
 
-// pt: (nk, ldq)  v: (nk, Dv) halves, rows v_sl apart  acc: (nq, ldacc)
-static void SUFFIX(pv_half)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
-                            int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+// pt: (nk, ldq)  v: (nk, Dv) 16-bit, rows v_sl apart  acc: (nq, ldacc)
+static void SUFFIX(pv_half)(int fmt, const float *pt, int64_t ldq, int nq, const uint16_t *v,
+                            int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
+                            int64_t ldacc)
 {
-    pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, 1);
+    if (fmt == ATTNX_HALF_BF16)
+        pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_BF16);
+    else
+        pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F16);
 }
 
 /* ---- backward: acc (nk rows) += Pᵀ-tile · x ------------------------------- */
@@ -512,16 +526,20 @@ static void SUFFIX(alibi)(float *st, int64_t ldq, int nq, int nk, float slope, i
         }
 }
 
-/* ---- half-precision rows to float32, W at a time (V_LOAD_HALF) ----------------- */
+/* ---- 16-bit rows to float32, W at a time (V_LOAD_HALF, V_LOAD_BF16) ------------ */
 // src: (rows, n) rows src_sl apart  dst: (rows, n)
-static void SUFFIX(half_rows)(const uint16_t *src, int64_t src_sl, int rows, int64_t n, float *dst)
+static void SUFFIX(half_rows)(int fmt, const uint16_t *src, int64_t src_sl, int rows, int64_t n,
+                              float *dst)
 {
     for (int j = 0; j < rows; j++) {
         const uint16_t *s = src + j * src_sl;
         float *d = dst + j * n;
         int64_t e = 0;
-        for (; e + W <= n; e += W) V_STORE(d + e, V_LOAD_HALF(s + e));
-        for (; e < n; e++) d[e] = attnx_half_to_float(s[e]);
+        if (fmt == ATTNX_HALF_BF16)
+            for (; e + W <= n; e += W) V_STORE(d + e, V_LOAD_BF16(s + e));
+        else
+            for (; e + W <= n; e += W) V_STORE(d + e, V_LOAD_HALF(s + e));
+        for (; e < n; e++) d[e] = attnx_half16_to_float(fmt, s[e]);
     }
 }
 

@@ -30,6 +30,8 @@
 #define V_DIV(a, b) vdivq_f32(a, b)
 #define V_ANY_NOT_LT(a, b) (vminvq_u32(vcltq_f32(a, b)) == 0)
 #define V_LOAD_HALF(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+/* bfloat16 to float32: each 16 bits widened and shifted to the top half */
+#define V_LOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
 #define V_ROUND(x) vrndnq_f32(x)
 #define V_POW2(n) \
     vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23))

@@ -188,28 +188,31 @@ static void alibi_scalar(float *st, int64_t ldq, int nq, int nk, float slope, in
 }
 
 // src: (rows, n) rows src_sl apart  dst: (rows, n)
-static void half_rows_scalar(const uint16_t *src, int64_t src_sl, int rows, int64_t n, float *dst)
+static void half_rows_scalar(int fmt, const uint16_t *src, int64_t src_sl, int rows, int64_t n,
+                             float *dst)
 {
     for (int j = 0; j < rows; j++)
-        for (int64_t d = 0; d < n; d++) dst[j * n + d] = attnx_half_to_float(src[j * src_sl + d]);
+        for (int64_t d = 0; d < n; d++)
+            dst[j * n + d] = attnx_half16_to_float(fmt, src[j * src_sl + d]);
 }
 
-// qr: (nq, D)  k: (nk, D) halves, rows k_sl apart  st: (nk, ldq)
-static void qk_dot_half_scalar(const float *qr, int64_t D, int nq, const uint16_t *k, int64_t k_sl,
-                               int nk, float *st, int64_t ldq)
+// qr: (nq, D)  k: (nk, D) 16-bit, rows k_sl apart  st: (nk, ldq)
+static void qk_dot_half_scalar(int fmt, const float *qr, int64_t D, int nq, const uint16_t *k,
+                               int64_t k_sl, int nk, float *st, int64_t ldq)
 {
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < nq; i++) {
             float sum = 0.0f;
             for (int64_t d = 0; d < D; d++)
-                sum += qr[i * D + d] * attnx_half_to_float(k[j * k_sl + d]);
+                sum += qr[i * D + d] * attnx_half16_to_float(fmt, k[j * k_sl + d]);
             st[j * ldq + i] = sum;
         }
 }
 
-// pt: (nk, ldq)  v: (nk, Dv) halves, rows v_sl apart  acc: (nq, ldacc)
-static void pv_half_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
-                           int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+// pt: (nk, ldq)  v: (nk, Dv) 16-bit, rows v_sl apart  acc: (nq, ldacc)
+static void pv_half_scalar(int fmt, const float *pt, int64_t ldq, int nq, const uint16_t *v,
+                           int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
+                           int64_t ldacc)
 {
     for (int i = 0; i < nq; i++) {
         float *ai = acc + i * ldacc;
@@ -218,7 +221,7 @@ static void pv_half_scalar(const float *pt, int64_t ldq, int nq, const uint16_t 
         for (int j = 0; j < nk; j++) {
             const float p = pt[j * ldq + i];
             const uint16_t *vj = v + j * v_sl;
-            for (int64_t d = 0; d < Dv; d++) ai[d] += p * attnx_half_to_float(vj[d]);
+            for (int64_t d = 0; d < Dv; d++) ai[d] += p * attnx_half16_to_float(fmt, vj[d]);
         }
     }
 }

@@ -143,35 +143,44 @@ static int fill_out(attnx_out_tensor *t, PyObject *a, const char *name, const np
 
 /* A float16 operand the core reads (keys and values of a half-precision cache). */
 static int fill_in_half(attnx_half_tensor *t, PyObject *a, const char *name,
-                        const npy_intp shape[4])
+                        const npy_intp shape[4], int format)
 {
     if (!check_type(a, name, "")) return 0;
     PyArrayObject *x = (PyArrayObject *)a;
-    if (!check_dtype(x, name, NPY_FLOAT16) || !check_shape(x, name, shape)) return 0;
+    if (!check_dtype(x, name, format == ATTNX_HALF_BF16 ? NPY_UINT16 : NPY_FLOAT16) ||
+        !check_shape(x, name, shape))
+        return 0;
     if (PyArray_SIZE(x) != 0 && !check_strides(x, name)) return 0;
     *t = (attnx_half_tensor){
         .data = PyArray_DATA(x), .sb = estride(a, 0), .sh = estride(a, 1), .sl = estride(a, 2)};
     return 1;
 }
 
-static int is_half(PyObject *a)
+/* 16-bit keys and values: float16, or uint16 holding bfloat16 bits (NumPy has no
+ * bfloat16 of its own; attnx/_args.py passes ml_dtypes' bfloat16 as a uint16 view). */
+static int half_format_of(PyObject *a)
 {
-    return PyArray_Check(a) && PyArray_TYPE((PyArrayObject *)a) == NPY_FLOAT16;
+    if (!PyArray_Check(a)) return -1;
+    const int type = PyArray_TYPE((PyArrayObject *)a);
+    return type == NPY_FLOAT16 ? ATTNX_HALF_F16 : type == NPY_UINT16 ? ATTNX_HALF_BF16 : -1;
 }
 
-/* q, k, v: their shapes give the problem's sizes. k and v both float16: a
- * half-precision cache, read as such (forward only). */
+/* q, k, v: their shapes give the problem's sizes. k and v both float16, or
+ * both uint16 (bfloat16 bits): a 16-bit cache, read as such (forward only). */
 static int fill_qkv(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v)
 {
     const npy_intp any[4] = {-1, -1, -1, -1};
     if (!fill_in(&p->q, q, "q", any)) return 0;
     p->B = dim(q, 0), p->Hq = dim(q, 1), p->Lq = dim(q, 2), p->D = dim(q, 3);
     const npy_intp kshape[4] = {p->B, -1, -1, p->D};
-    const int half = is_half(k) && is_half(v);
-    if (!(half ? fill_in_half(&p->k16, k, "k", kshape) : fill_in(&p->k, k, "k", kshape))) return 0;
+    const int format = half_format_of(k), half = format >= 0 && format == half_format_of(v);
+    p->half_format = half ? format : ATTNX_HALF_F16;
+    if (!(half ? fill_in_half(&p->k16, k, "k", kshape, format) : fill_in(&p->k, k, "k", kshape)))
+        return 0;
     p->Hk = dim(k, 1), p->Lk = dim(k, 2);
     const npy_intp vshape[4] = {p->B, p->Hk, p->Lk, -1};
-    if (!(half ? fill_in_half(&p->v16, v, "v", vshape) : fill_in(&p->v, v, "v", vshape))) return 0;
+    if (!(half ? fill_in_half(&p->v16, v, "v", vshape, format) : fill_in(&p->v, v, "v", vshape)))
+        return 0;
     p->Dv = dim(v, 3);
     if (half && !p->k16.data) { /* an empty cache: any non-NULL marks it half */
         static const uint16_t none = 0;
@@ -321,7 +330,8 @@ static PyObject *raise_refusal(attnx_status st, const char *field, const attnx_p
         return PyErr_Format(PyExc_ValueError, "scale must be finite in float32, got %R", scale_obj);
     if (strcmp(field, "softcap") == 0)
         return PyErr_Format(PyExc_ValueError,
-                            "softcap must be finite and > 0 in float32 (0: none)");
+                            "softcap must be finite and > 0 in float32, with a finite "
+                            "reciprocal (0: none)");
     if (st == ATTNX_ERR_LENGTH) {
         const int keys = strcmp(field, "key_lengths") == 0;
         return PyErr_Format(PyExc_ValueError, "%s: a length lies outside [0, %s] = [0, %lld]",

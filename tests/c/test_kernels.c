@@ -596,21 +596,30 @@ static void test_score_steps(const char *isa, const attnx_kernels *kt)
     end();
 }
 
-/* ---- half precision: half_rows exact; qk_dot_half and pv_half the same bits as
- * qk_dot and pv on the converted rows ------------------------------------------ */
+/* ---- 16-bit keys and values (IEEE half and bfloat16): half_rows exact;
+ * qk_dot_half and pv_half the same bits as qk_dot and pv on the converted rows */
 
-/* A half with random sign, exponent and mantissa (inf and NaN included). */
+/* 16 random bits: sign, exponent and mantissa (inf and NaN included). */
 static uint16_t random_half(void) { return (uint16_t)(urand() * 65536.0); }
 
-static void half_case(const attnx_kernels *kt, int nq, int nk, int D)
+/* A small finite value of format fmt, for the products. */
+static uint16_t small_half(int fmt)
+{
+    if (fmt == ATTNX_HALF_BF16) /* exponent 2^-4 .. 2^4, 7 mantissa bits */
+        return (uint16_t)((random_half() & 0x807fu) | (uint16_t)((123 + (int)(urand() * 9)) << 7));
+    return (uint16_t)((random_half() & 0x83ffu) | (uint16_t)((12 + (int)(urand() * 6)) << 10));
+}
+
+static const char *const FORMAT_NAMES[] = {"half", "bfloat16"}; /* by attnx_half_format */
+
+static void half_case(const attnx_kernels *kt, int fmt, int nq, int nk, int D)
 {
     const int64_t sl = D + 3; /* rows further apart than their width */
     uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(nk * sl));
     float *f = guarded((size_t)nk * D + 1), *ref = guarded((size_t)nk * D + 1);
-    for (int64_t x = 0; x < nk * sl; x++) /* small finite values for the products */
-        h[x] = (uint16_t)((random_half() & 0x83ffu) | (uint16_t)((12 + (int)(urand() * 6)) << 10));
-    kt->half_rows(h, sl, nk, D, f);
-    attnx_kernels_scalar.half_rows(h, sl, nk, D, ref);
+    for (int64_t x = 0; x < nk * sl; x++) h[x] = small_half(fmt);
+    kt->half_rows(fmt, h, sl, nk, D, f);
+    attnx_kernels_scalar.half_rows(fmt, h, sl, nk, D, ref);
     cur.cases++;
     for (int j = 0; j < nk; j++)
         for (int d = 0; d < D; d++) expect_same(f[j * D + d], ref[j * D + d], "half_rows", j, d);
@@ -618,7 +627,7 @@ static void half_case(const attnx_kernels *kt, int nq, int nk, int D)
     float *qr = guarded((size_t)nq * D), *st = guarded((size_t)(nk + 1) * LDQ);
     float *st2 = guarded((size_t)(nk + 1) * LDQ);
     for (int x = 0; x < nq * D; x++) qr[x] = nrand();
-    kt->qk_dot_half(qr, D, nq, h, sl, nk, st, LDQ);
+    kt->qk_dot_half(fmt, qr, D, nq, h, sl, nk, st, LDQ);
     kt->qk_dot(qr, D, nq, f, D, nk, st2, LDQ);
     compare_tile(st, st2, nk, nq, 1, NULL, "qk_dot_half");
     /* pv_half against pv on the converted rows; with and without the rescale */
@@ -628,7 +637,7 @@ static void half_case(const attnx_kernels *kt, int nq, int nk, int D)
     for (int i = 0; i < nq; i++) alpha[i] = (float)urand();
     for (int rescale = 0; rescale < 2; rescale++) {
         for (int64_t x = 0; x < nq * ldacc; x++) acc[x] = acc2[x] = nrand();
-        kt->pv_half(st2, LDQ, nq, h, sl, nk, D, rescale ? alpha : NULL, acc, ldacc);
+        kt->pv_half(fmt, st2, LDQ, nq, h, sl, nk, D, rescale ? alpha : NULL, acc, ldacc);
         kt->pv(st2, LDQ, nq, f, D, nk, D, rescale ? alpha : NULL, acc2, ldacc);
         cur.cases++;
         for (int i = 0; i < nq; i++)
@@ -639,20 +648,28 @@ static void half_case(const attnx_kernels *kt, int nq, int nk, int D)
     free(h), free(f), free(ref), free(qr), free(st), free(st2), free(acc), free(acc2);
 }
 
-static void test_half(const char *isa, const attnx_kernels *kt)
+static void test_half(const char *isa, const attnx_kernels *kt, int fmt)
 {
-    begin(isa, "half_rows, qk_dot_half, pv_half", "identical");
+    char what[96];
+    snprintf(what, sizeof what, "half_rows, qk_dot_half, pv_half (%s)", FORMAT_NAMES[fmt]);
+    begin(isa, what, "identical");
     for (int nq = 1; nq <= kt->dot_max_nq; nq++)
         for (int nk = 1; nk <= 9; nk += 4)
-            for (int D = 1; D <= SMAX; D += 3) half_case(kt, nq, nk, D);
-    if (kt != &attnx_kernels_scalar) /* and the scalar conversion against the hardware's */
-        for (int x = 0; x < 65536; x++) {
-            float a, b;
-            kt->half_rows((const uint16_t[]){(uint16_t)x}, 1, 1, 1, &a);
-            b = attnx_half_to_float((uint16_t)x);
-            cur.cases++;
-            expect_same(a, b, "half", x, 0);
-        }
+            for (int D = 1; D <= SMAX; D += 3) half_case(kt, fmt, nq, nk, D);
+    for (int x = 0; x < 65536; x++) { /* every value, against the scalar conversion */
+        float a, b;
+        kt->half_rows(fmt, (const uint16_t[]){(uint16_t)x}, 1, 1, 1, &a);
+        b = fmt == ATTNX_HALF_BF16 ? attnx_bf16_to_float((uint16_t)x)
+                                   : attnx_half_to_float((uint16_t)x);
+        cur.cases++;
+        expect_same(a, b, FORMAT_NAMES[fmt], x, 0);
+    }
+    if (fmt == ATTNX_HALF_BF16) { /* and bfloat16 is the top half of the float's bits */
+        float a;
+        kt->half_rows(fmt, (const uint16_t[]){0x3fc0u}, 1, 1, 1, &a);
+        cur.cases++;
+        expect(a == 1.5f, "bfloat16 0x3fc0 is not 1.5");
+    }
     end();
 }
 
@@ -682,7 +699,8 @@ int main(void)
         test_softmax_bwd(isa, kt);
         test_softcap(isa, kt);
         test_score_steps(isa, kt);
-        test_half(isa, kt);
+        test_half(isa, kt, ATTNX_HALF_F16);
+        test_half(isa, kt, ATTNX_HALF_BF16);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
     printf("%d passed, %d failed\n", passed, failed);
