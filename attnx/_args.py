@@ -3,7 +3,7 @@
 * :func:`as_array` turns any array argument into an ndarray (tensors,
   ``__array__``, DLPack, lazy torch bits resolved, masked arrays refused,
   float64 beyond float32's range refused); :func:`float_array` and
-  :func:`as_float` add the float16/32/64 check and the conversion.
+  :func:`as_float` add the float check (float16/32/64 and bfloat16) and the conversion.
 * :func:`check_flag`, :func:`positive_int`, :func:`nonnegative_int`,
   :func:`check_layout`, :func:`check_dropout`, :func:`causal_code`,
   :func:`scale_value` check the scalar arguments.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import sys
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Protocol, Tuple, Union
 
 import numpy as np
@@ -47,6 +48,42 @@ Layout = Literal["bhld", "blhd"]
 F32 = NDArray[np.float32]
 
 _FLOAT_KINDS = (np.float16, np.float32, np.float64)
+
+
+def is_bfloat16(dtype: np.dtype[Any]) -> bool:
+    """Whether ``dtype`` is bfloat16: ``ml_dtypes.bfloat16``, the NumPy dtype that
+    JAX, ONNX and TensorFlow use, recognised by its name and size (attnx never
+    imports ml_dtypes: an array of that dtype means the caller already did)."""
+    return dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16"
+
+
+def bfloat16_view(bits: NDArray[np.uint16]) -> NDArray[Any]:
+    """bfloat16 values given as their uint16 bits: a view of dtype
+    ``ml_dtypes.bfloat16`` when ml_dtypes is installed (imported here, at the
+    first bfloat16 tensor, never by ``import attnx``), else their float32 values
+    (exact: the bits are the top half of the float's)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+    return bits.view(ml_dtypes.bfloat16)
+
+
+def torch_bfloat16(x: object) -> Optional[NDArray[Any]]:
+    """A torch bfloat16 CPU tensor's memory as a bfloat16 array (no copy, see
+    :func:`bfloat16_view`), or None for anything else (NumPy cannot read
+    torch's bfloat16 through ``__array__`` or DLPack). torch is not imported:
+    a torch tensor means the caller already did."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 \
+            or x.device.type != "cpu":
+        return None
+    return bfloat16_view(x.view(torch.int16).numpy().view(np.uint16))
+
+
+def is_float_dtype(dtype: np.dtype[Any]) -> bool:
+    """float16, float32, float64 or bfloat16: what attnx computes with (in float32)."""
+    return dtype.type in _FLOAT_KINDS or is_bfloat16(dtype)
 _F32_MAX = float(np.finfo(np.float32).max)
 #: is_causal -> the core's code (csrc/attnx.h's attnx_causal, exported by the extension)
 CAUSAL = {False: _attnx.CAUSAL_NONE, True: _attnx.CAUSAL_UPPER_LEFT,
@@ -77,10 +114,13 @@ def as_array(x: object, name: str, float32_range: bool = True) -> NDArray[Any]:
     ``resolve_conj()`` (a copy holding the values it shows). torch is never
     imported here.
 
+    A torch bfloat16 CPU tensor, which NumPy cannot read, is read through its
+    bits (:func:`torch_bfloat16`).
+
     Refused with TypeError naming ``name``: masked arrays (their mask would
     be dropped), objects whose own ``__array__`` fails (sparse, quantized,
-    bfloat16, non-CPU tensors...: DLPack is not tried then, as it may drop
-    what made the conversion fail). With ``float32_range``, a float64 array
+    non-CPU tensors...: DLPack is not tried then, as it may drop what made
+    the conversion fail). With ``float32_range``, a float64 array
     holding finite values beyond float32's range raises ValueError (see
     :func:`check_float32_range`). MemoryError propagates.
     """
@@ -134,6 +174,9 @@ def _resolve_lazy_bits(x: object, name: str) -> object:
 def _asarray_foreign(x: object, name: str) -> NDArray[Any]:
     """:func:`as_array` for objects that are not ndarrays."""
     x = _resolve_lazy_bits(x, name)
+    bf16 = torch_bfloat16(x)
+    if bf16 is not None:
+        return bf16
     error: Optional[Exception] = None
     a: Optional[NDArray[Any]] = None
     try:
@@ -188,11 +231,12 @@ def check_float32_range(a: NDArray[Any], name: str) -> None:
 
 
 def float_array(x: object, name: str) -> NDArray[Any]:
-    """``x`` as an ndarray of float16, float32 or float64 (kept as it is); other kinds raise."""
+    """``x`` as an ndarray of float16, float32, float64 or bfloat16 (kept as it is);
+    other kinds raise."""
     a = as_array(x, name)
-    if a.dtype.type not in _FLOAT_KINDS:
+    if not is_float_dtype(a.dtype):
         raise TypeError(
-            f"{name} must be float16, float32 or float64 (computed in float32); "
+            f"{name} must be float16, float32, float64 or bfloat16 (computed in float32); "
             f"got dtype {a.dtype} with shape {shape_str(a)}")
     return a
 
@@ -207,7 +251,7 @@ def small_float_array(x: object, name: str) -> NDArray[Any]:
 
 
 def as_float(x: object, name: str) -> NDArray[np.float32]:
-    """``x`` as a float32 ndarray; float16/64 are converted, other kinds raise."""
+    """``x`` as a float32 ndarray; float16/64 and bfloat16 are converted, other kinds raise."""
     a = float_array(x, name)
     return a if a.dtype == np.float32 else a.astype(np.float32)
 
@@ -446,14 +490,16 @@ class AttentionArgs(NamedTuple):
         """q, k, v and a float mask converted to ``dtype`` (float32 for the C
         core, float64 for the reference; no copy where they already are), each
         with a contiguous, aligned last axis; a broadcast mask stays a view.
-        ``half_kv``: float16 keys and values stay float16 (the forward reads
-        them as such, tile by tile, with no float32 copy)."""
-        kv_dtype: Any = dtype
-        if half_kv and self.k.dtype == np.float16 and self.v.dtype == np.float16:
-            kv_dtype = np.float16
+        ``half_kv``: float16 keys and values stay float16, bfloat16 ones are
+        viewed as uint16 (the forward reads either as such, with no float32
+        copy; the core takes uint16 as bfloat16 bits)."""
+        k, v = self.k, self.v
+        if half_kv and k.dtype == v.dtype and is_bfloat16(k.dtype):
+            k, v = k.view(np.uint16), v.view(np.uint16)
+        elif not (half_kv and k.dtype == v.dtype == np.float16):
+            k, v = k.astype(dtype, copy=False), v.astype(dtype, copy=False)
         q = unit_last_stride(self.q.astype(dtype, copy=False))
-        k = unit_last_stride(self.k.astype(kv_dtype, copy=False))
-        v = unit_last_stride(self.v.astype(kv_dtype, copy=False))
+        k, v = unit_last_stride(k), unit_last_stride(v)
         mask = self.mask
         if mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype:
             mask = astype_broadcast(mask, dtype)
@@ -604,7 +650,7 @@ def _check_shapes(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], given: Tupl
 def _mask_view(attn_mask: object, full: Tuple[int, ...]) -> NDArray[Any]:
     """The mask, bool or float, as a broadcast view of shape ``full`` (never expanded)."""
     m = as_array(attn_mask, "attn_mask")
-    if m.dtype != np.bool_ and m.dtype.type not in _FLOAT_KINDS:
+    if m.dtype != np.bool_ and not is_float_dtype(m.dtype):
         raise TypeError(
             f"attn_mask must be bool (True = attend) or float (added to the scores); got dtype "
             f"{m.dtype} with shape {shape_str(m)}. For a 0/1 integer mask pass mask.astype(bool) "

@@ -1,0 +1,137 @@
+"""bfloat16 inputs (``ml_dtypes.bfloat16``, and torch's bfloat16 tensors), computed in float32.
+
+attnx recognises the dtype by name without importing ml_dtypes; keys and
+values in bfloat16 are read in place by the kernels (a 16-bit shift per
+element, in registers when decoding, tile by tile otherwise), so the result
+is the float32 computation on the bfloat16 values: the same bits as the
+float32 arrays holding those values, and within the float64 reference on
+them. Every ISA; forward over every option, gradients with random upstream
+gradients, torch tensors with and without ml_dtypes installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import attnx
+from conftest import assert_close, randn, random_bool_mask, random_float_mask
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+GATOL, GRTOL = 1.25e-5, 5.25e-6
+
+
+def bf(x):
+    return np.asarray(x).astype(BF16)
+
+
+def f64(x):
+    return None if x is None else np.asarray(x).astype(np.float64)
+
+
+# (B, Hq, Hk, Lq, Lk, E, Ev, options): decoding shapes (the kernels that
+# convert in registers, split-K), tiles (converted in scratch), every option
+CASES = [
+    (1, 4, 4, 1, 700, 64, 64, {}),
+    (2, 8, 2, 3, 300, 40, 24, {"enable_gqa": True}),
+    (2, 2, 2, 70, 150, 33, 17, {"is_causal": True}),
+    (1, 3, 3, 130, 260, 16, 16, {"is_causal": "lower_right", "key_lengths": [200]}),
+    (2, 2, 1, 65, 129, 8, 8, {"enable_gqa": True, "window": (20, 3)}),
+    (1, 2, 2, 2, 90, 24, 24, {"sinks": [0.5, -1.0], "softcap": 5.0}),
+    (1, 2, 2, 40, 90, 24, 24, {"alibi_slopes": [0.25, 0.0625]}),
+    (2, 2, 2, 33, 47, 8, 8, {"layout": "blhd"}),
+]
+
+
+def _inputs(rng, case):
+    B, Hq, Hk, Lq, Lk, E, Ev, kw = case
+    q, k, v = randn(rng, (B, Hq, Lq, E)), randn(rng, (B, Hk, Lk, E)), randn(rng, (B, Hk, Lk, Ev))
+    if kw.get("layout") == "blhd":
+        q, k, v = (np.swapaxes(a, 1, 2) for a in (q, k, v))
+    return q, k, v, dict(kw)
+
+
+@pytest.mark.parametrize("which", ["all", "kv"])
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_forward_is_float32_on_the_bfloat16_values(isa, rng, case, which):
+    q, k, v, kw = _inputs(rng, case)
+    qb = bf(q) if which == "all" else q
+    kb, vb = bf(k), bf(v)
+    q32 = qb.astype(np.float32)
+    k32, v32 = kb.astype(np.float32), vb.astype(np.float32)
+    out = attnx.scaled_dot_product_attention(qb, kb, vb, **kw)
+    assert out.dtype == np.float32
+    assert_close(out, attnx.reference(f64(qb), f64(kb), f64(vb), **kw))
+    # the same float operations on the same values: the bits of the float32 call
+    assert out.tobytes() == attnx.scaled_dot_product_attention(q32, k32, v32, **kw).tobytes()
+
+
+@pytest.mark.parametrize("mask", ["bool", "float32", "bfloat16"])
+def test_masks(isa, rng, mask):
+    q, k, v = (bf(randn(rng, (2, 3, 20, 16))) for _ in range(3))
+    m = random_bool_mask(rng, (2, 1, 20, 20)) if mask == "bool" else \
+        random_float_mask(rng, (20, 20)).astype(np.float32 if mask == "float32" else BF16)
+    out, w = attnx.scaled_dot_product_attention(q, k, v, attn_mask=m, need_weights=True)
+    mref = m if mask == "bool" else f64(m)
+    assert_close(out, attnx.reference(f64(q), f64(k), f64(v), attn_mask=mref))
+    assert_close(w, attnx.reference(f64(q), f64(k), f64(v), attn_mask=mref, need_weights=True)[1])
+
+
+@pytest.mark.parametrize("case", CASES[1:4] + CASES[5:6], ids=["gqa", "causal", "lengths", "sinks"])
+def test_gradients(isa, rng, case):
+    q, k, v, kw = _inputs(rng, case)
+    q, k, v = bf(q), bf(k), bf(v)
+    mask = random_float_mask(rng, (q.shape[-2], k.shape[-2])).astype(BF16)
+    kw["attn_mask"] = mask
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, **kw)
+    dout = randn(rng, out.shape)
+    got = vjp(dout)
+    ref = attnx.reference_backward(dout, f64(q), f64(k), f64(v), **{**kw, "attn_mask": f64(mask)})
+    for name in ("query", "key", "value", "attn_mask"):
+        g = getattr(got, name)
+        assert g.dtype == np.float32 and g.shape == getattr(ref, name).shape
+        tol = GATOL * (np.sqrt(np.prod(q.shape[:-1])) if name == "attn_mask" else 1)
+        assert_close(g, getattr(ref, name), tol, GRTOL, err_msg=name)
+
+
+def test_keys_and_values_are_read_in_place(rng):
+    """Decoding over a bfloat16 cache of 16 MiB allocates no float32 copy of it."""
+    k = bf(randn(rng, (1, 8, 8192, 128)))
+    v = bf(randn(rng, (1, 8, 8192, 128)))
+    q = randn(rng, (1, 8, 1, 128))
+    attnx.scaled_dot_product_attention(q, k, v)
+    tracemalloc.start()
+    try:
+        attnx.scaled_dot_product_attention(q, k, v)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak            # a float32 copy of K would be 32 MiB
+
+
+def test_inputs_are_not_modified(rng):
+    q, k, v = (bf(randn(rng, (1, 2, 30, 8))) for _ in range(3))
+    before = [a.copy() for a in (q, k, v)]
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, is_causal=True)
+    vjp(randn(rng, out.shape))
+    for a, b in zip((q, k, v), before):
+        assert a.dtype == BF16 and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("with_ml_dtypes", [True, False])
+def test_torch_bfloat16_tensors(rng, monkeypatch, with_ml_dtypes):
+    """torch's bfloat16 tensors, which NumPy cannot read, are read through their
+    bits: as ml_dtypes.bfloat16 when installed (no copy), else as float32."""
+    torch = pytest.importorskip("torch")
+    if not with_ml_dtypes:
+        monkeypatch.setitem(sys.modules, "ml_dtypes", None)      # import ml_dtypes fails
+    q = torch.randn(2, 3, 9, 16).bfloat16()
+    kv = torch.randn(2, 3, 40, 16).bfloat16()[:, :, ::2]        # a strided view
+    out = attnx.scaled_dot_product_attention(q, kv, kv, is_causal="lower_right")
+    ref = attnx.reference(q.double().numpy(), kv.double().numpy(), kv.double().numpy(),
+                          is_causal="lower_right")
+    assert_close(out, ref)
