@@ -87,6 +87,14 @@ def rng(request):
 
 # ------------------------------------------------------------------ inputs
 
+try:            # bfloat16 (the [test] extra installs ml_dtypes; attnx itself never imports it)
+    import ml_dtypes
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:
+    BF16 = None
+#: the storage dtypes besides float32 that attnx computes in float32
+LOW_FLOATS = [np.float16] + ([BF16] if BF16 is not None else [])
+
 def randn(rng, shape, dtype=np.float32, scale=1.0):
     """Standard-normal values of ``shape`` (times ``scale``) as ``dtype``."""
     return (rng.standard_normal(shape) * scale).astype(dtype)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import attnx
-from conftest import (assert_close, check_against_reference, make_qkv, naive, random_bool_mask,
-                      random_float_mask, random_mask)
+from conftest import (LOW_FLOATS, assert_close, check_against_reference, make_qkv, naive,
+                      random_bool_mask, random_float_mask, random_mask)
 
 sdpa = attnx.scaled_dot_product_attention
 
@@ -46,7 +46,7 @@ def test_mask_broadcast_shapes(isa, rng, shape, kind, how):
     assert_close(w, w_n)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+@pytest.mark.parametrize("dtype", LOW_FLOATS + [np.float64])
 def test_float_mask_dtypes(isa, rng, dtype):
     q, k, v = make_qkv(rng, Lq=6, Lk=9, E=8)
     mask = random_float_mask(rng, (6, 9)).astype(dtype)

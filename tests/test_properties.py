@@ -2,8 +2,8 @@
 
 Hypothesis draws whole problems: shapes with sizes 0 and 1 and sizes around
 the vector widths and tiles, 2-D to 5-D inputs in both layouts, GQA, every
-mask kind (bool, float16/32/64) broadcast along any axis, key/query lengths of
-several integer dtypes, the causal variants, the scale, float16/32/64 inputs,
+mask kind (bool, float16/32/64, bfloat16) broadcast along any axis, key/query lengths of
+several integer dtypes, the causal variants, the scale, float16/32/64 and bfloat16 inputs,
 and the memory each array lives in: strided, transposed, negatively strided,
 and misaligned (a view at byte offset 1..3 of a uint8 buffer, which attnx
 must copy or refuse clearly, never misread).
@@ -59,10 +59,10 @@ from hypothesis import strategies as st  # noqa: E402
 import attnx  # noqa: E402
 from attnx import _attnx  # noqa: E402
 from attnx._args import attention_args  # noqa: E402
-from conftest import ATOL, RTOL, assert_close  # noqa: E402
+from conftest import ATOL, BF16, LOW_FLOATS, RTOL, assert_close  # noqa: E402
 
 EPS32 = 2.0 ** -24
-FLOATS = (np.float32, np.float16, np.float64)   # float32 first: shrinks towards it
+FLOATS = (np.float32, *LOW_FLOATS, np.float64)   # float32 first: shrinks towards it
 F16_MAX = 60000.0
 
 # ------------------------------------------------------------ strategies
@@ -427,7 +427,7 @@ def _misaligned(x, dtype, offset):
     return a
 
 
-@given(st.integers(1, 3), st.sampled_from([np.float32, np.float16, np.float64]),
+@given(st.integers(1, 3), st.sampled_from(FLOATS),
        st.integers(1, 40), st.integers(1, 40), st.integers(1, 20))
 def test_misaligned_views_are_read_correctly(isa, offset, dtype, Lq, Lk, E):
     """q, k, v and a float mask in views at byte offset 1..3 of a uint8 buffer
