@@ -62,6 +62,14 @@ static inline float hsum_avx2(__m256 x)
     return _mm_cvtss_f32(s);
 }
 #define V_HSUM(x) hsum_avx2(x)
+
+/* The sums of four vectors at once: out[r] = sum of the lanes of x_r. */
+static inline void hsum4_avx2(__m256 a, __m256 b, __m256 c, __m256 d, float out[4])
+{
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+#define V_HSUM4(a, b, c, d, out) hsum4_avx2(a, b, c, d, out)
 #define V_GATHER_F(base, idx) \
     _mm256_i32gather_ps(base, _mm256_loadu_si256((const __m256i *)(idx)), 4)
 

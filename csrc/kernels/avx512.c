@@ -52,6 +52,20 @@
 
 #define V_MASK(n) ((__mmask16)((1u << (n)) - 1u))
 #define V_HSUM(x) _mm512_reduce_add_ps(x)
+
+/* The sums of four vectors at once: out[r] = sum of the lanes of x_r. */
+static inline __m256 fold_avx512(__m512 x)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(x),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+}
+static inline void hsum4_avx512(__m512 a, __m512 b, __m512 c, __m512 d, float out[4])
+{
+    const __m256 ab = _mm256_hadd_ps(fold_avx512(a), fold_avx512(b));
+    const __m256 abcd = _mm256_hadd_ps(ab, _mm256_hadd_ps(fold_avx512(c), fold_avx512(d)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+#define V_HSUM4(a, b, c, d, out) hsum4_avx512(a, b, c, d, out)
 #define V_GATHER_F(base, idx) _mm512_i32gather_ps(_mm512_loadu_si512(idx), base, 4)
 
 /* Bytes have no gather: fetch the aligned dword holding each byte (it never

@@ -128,53 +128,62 @@ ATTNX_INLINE const void *key_at(const void *k, int64_t at, const int kind)
     return (const char *)k + at * (kind ? 2 : 4);
 }
 
-// qr: (nq, D)  k: (nk, D) rows k_sl apart (float or 16-bit)  st: (nk, ldq)
-ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, int64_t k_sl,
-                             int nk, float *st, int64_t ldq, const int kind)
+/* Keys j0 .. j0+NK-1 (NK 1..4) against query rows i0 .. i0+MR-1 (MR 1..4):
+ * each vector of a key is loaded (and converted) once for all the rows, and
+ * the four sums of a row are reduced together (V_HSUM4). */
+ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64_t D, const void *k,
+                               int64_t k_sl, float *st, int64_t ldq, const int kind)
 {
     const int64_t dfull = D / W * W;
     const int tail = (int)(D - dfull);
     const VMASK mk = V_MASK(tail);
-    int j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const void *k0 = key_at(k, j * k_sl, kind), *k1 = key_at(k, (j + 1) * k_sl, kind);
-        const void *k2 = key_at(k, (j + 2) * k_sl, kind), *k3 = key_at(k, (j + 3) * k_sl, kind);
-        for (int i = 0; i < nq; i++) {
-            const float *q = qr + i * D;
-            VF a0 = V_ZERO(), a1 = V_ZERO(), a2 = V_ZERO(), a3 = V_ZERO();
-            for (int64_t d = 0; d < dfull; d += W) {
-                const VF qv = V_LOAD(q + d);
-                a0 = V_FMA(qv, key_load(key_at(k0, d, kind), kind), a0);
-                a1 = V_FMA(qv, key_load(key_at(k1, d, kind), kind), a1);
-                a2 = V_FMA(qv, key_load(key_at(k2, d, kind), kind), a2);
-                a3 = V_FMA(qv, key_load(key_at(k3, d, kind), kind), a3);
-            }
-            if (tail) {
-                const VF qv = V_LOAD_M(q + dfull, mk);
-                a0 = V_FMA(qv, key_tail(key_at(k0, dfull, kind), tail, mk, kind), a0);
-                a1 = V_FMA(qv, key_tail(key_at(k1, dfull, kind), tail, mk, kind), a1);
-                a2 = V_FMA(qv, key_tail(key_at(k2, dfull, kind), tail, mk, kind), a2);
-                a3 = V_FMA(qv, key_tail(key_at(k3, dfull, kind), tail, mk, kind), a3);
-            }
-            st[j * ldq + i] = V_HSUM(a0);
-            st[(j + 1) * ldq + i] = V_HSUM(a1);
-            st[(j + 2) * ldq + i] = V_HSUM(a2);
-            st[(j + 3) * ldq + i] = V_HSUM(a3);
+    VF a[4][4];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < 4; r++) a[i][r] = V_ZERO();
+    for (int64_t d = 0; d < dfull; d += W) {
+        VF kv[4];
+        for (int r = 0; r < NK; r++) kv[r] = key_load(key_at(k, r * k_sl + d, kind), kind);
+        for (int i = 0; i < MR; i++) {
+            const VF qv = V_LOAD(q + i * D + d);
+            for (int r = 0; r < NK; r++) a[i][r] = V_FMA(qv, kv[r], a[i][r]);
         }
     }
-    for (; j < nk; j++) {
-        const void *kj = key_at(k, j * k_sl, kind);
-        for (int i = 0; i < nq; i++) {
-            const float *q = qr + i * D;
-            VF a0 = V_ZERO();
-            for (int64_t d = 0; d < dfull; d += W)
-                a0 = V_FMA(V_LOAD(q + d), key_load(key_at(kj, d, kind), kind), a0);
-            if (tail)
-                a0 = V_FMA(V_LOAD_M(q + dfull, mk),
-                           key_tail(key_at(kj, dfull, kind), tail, mk, kind), a0);
-            st[j * ldq + i] = V_HSUM(a0);
+    if (tail) {
+        VF kv[4];
+        for (int r = 0; r < NK; r++)
+            kv[r] = key_tail(key_at(k, r * k_sl + dfull, kind), tail, mk, kind);
+        for (int i = 0; i < MR; i++) {
+            const VF qv = V_LOAD_M(q + i * D + dfull, mk);
+            for (int r = 0; r < NK; r++) a[i][r] = V_FMA(qv, kv[r], a[i][r]);
         }
     }
+    for (int i = 0; i < MR; i++) {
+        float sums[4];
+        V_HSUM4(a[i][0], a[i][1], a[i][2], a[i][3], sums);
+        for (int r = 0; r < NK; r++) st[r * ldq + i] = sums[r];
+    }
+}
+
+#define QD_CASE(mr, nk)                                                                        \
+    case (mr) * 8 + (nk):                                                                      \
+        qk_dot_block(mr, nk, qr + i * D, D, key_at(k, j * k_sl, kind), k_sl, st + j * ldq + i, \
+                     ldq, kind);                                                               \
+        break;
+
+// qr: (nq, D)  k: (nk, D) rows k_sl apart (float or 16-bit)  st: (nk, ldq)
+ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, int64_t k_sl,
+                             int nk, float *st, int64_t ldq, const int kind)
+{
+    for (int j = 0; j < nk; j += 4)
+        for (int i = 0; i < nq; i += 4) {
+            const int mr = nq - i < 4 ? nq - i : 4, nb = nk - j < 4 ? nk - j : 4;
+            switch (mr * 8 + nb) {
+                QD_CASE(1, 1)
+                QD_CASE(1, 2) QD_CASE(1, 3) QD_CASE(1, 4) QD_CASE(2, 1) QD_CASE(2, 2) QD_CASE(2, 3)
+                    QD_CASE(2, 4) QD_CASE(3, 1) QD_CASE(3, 2) QD_CASE(3, 3) QD_CASE(3, 4)
+                        QD_CASE(4, 1) QD_CASE(4, 2) QD_CASE(4, 3) QD_CASE(4, 4)
+            }
+        }
 }
 
 static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,

@@ -38,6 +38,8 @@
 #define V_ZERO_BELOW(y, x, lo) \
     vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), vcltq_f32(x, vdupq_n_f32(lo))))
 #define V_HSUM(x) vaddvq_f32(x)
+/* The sums of four vectors at once: out[r] = sum of the lanes of x_r. */
+#define V_HSUM4(a, b, c, d, out) vst1q_f32(out, vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d)))
 
 static inline float32x4_t load_first_neon(const float *p, int n)
 {
