@@ -99,24 +99,25 @@ def _time(fns: Sequence[Callable[[], object]], repeats: int,
     return [float(np.median(t)) for t in times]
 
 
-def read_bandwidth(threads: int, repeats: int = 5) -> float:
-    """GB/s of np.max over 256 MiB, split across ``threads`` Python threads
-    (NumPy releases the GIL in reductions): the memory read speed that plain
-    NumPy code reaches on this machine, the yardstick for decoding."""
+def read_time(k: NDArray[Any], v: NDArray[Any], threads: int) -> None:
+    """The roofline of decoding: a plain reduction over the bytes of k and v
+    (read as float32, whatever they hold: only their bytes matter), split
+    across ``threads`` Python threads (NumPy's reductions release the GIL)."""
     import threading
 
-    big = np.ones(64 * 2**20, dtype=np.float32)
-    parts = np.array_split(big, threads)
-
-    def run() -> None:
-        ts = [threading.Thread(target=np.max, args=(p,)) for p in parts]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-
-    return big.nbytes / min(_time([run], repeats)) / 1e9 if threads > 1 else \
-        big.nbytes / min(_time([lambda: np.max(big)], repeats)) / 1e9
+    flat = [a.reshape(-1).view(np.uint8) for a in (k, v)]
+    flat = [a[:a.size // 4 * 4].view(np.float32) for a in flat]
+    chunks = [c for a in flat for c in np.array_split(a, threads)]
+    if threads == 1:
+        for c in chunks:
+            np.add.reduce(c)
+        return
+    ts = [threading.Thread(target=lambda cs: [np.add.reduce(c) for c in cs], args=(chunks[i::threads],))
+          for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
 
 
 def _inputs(B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, layout: str = "bhld",
@@ -212,36 +213,48 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
-    def decode(self, Lk: int, H: int, D: int) -> List[Row]:
-        """Lq = 1: bandwidth bound; report GB/s of K and V read against a plain
-        read, over a float32 cache and over the same cache in float16."""
+    def decode(self, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
+        """Lq = 1 over a cache of Hk heads: bandwidth bound. Per storage dtype
+        (float32, float16, bfloat16 when ml_dtypes is installed), the GB/s of K
+        and V read against the roofline: a plain reduction over the same bytes
+        on as many threads (:func:`read_time`), timed interleaved with it."""
         attnx = self.attnx
         attnx.set_num_threads(self.threads)
-        q, k, v = _inputs(1, H, H, 1, Lk, D)                 # K + V: 256 MiB, out of every cache
-        k16, v16 = k.astype(np.float16), v.astype(np.float16)
-        fns: List[Callable[[], object]] = [lambda: attnx.scaled_dot_product_attention(q, k, v),
-                                           lambda: attnx.scaled_dot_product_attention(q, k16, v16)]
-        if self.torch:
-            tq, tk, tv = (self.torch.from_numpy(x) for x in (q, k, v))
-            self.torch.set_num_threads(self.threads)
-            fns.append(lambda: self.F.scaled_dot_product_attention(tq, tk, tv))
-        times = _time(fns, self.repeats)
-        read = read_bandwidth(self.threads)
+        q = _inputs(1, Hq, Hk, 1, Lk, D)[0]
+        k32, v32 = _inputs(1, Hk, Hk, Lk, Lk, D, seed=1)[1:]
+        dtypes: List[Any] = [np.float32, np.float16]
+        try:
+            import ml_dtypes
+            dtypes.append(ml_dtypes.bfloat16)
+        except ImportError:
+            pass
         rows: List[Row] = []
-        for name, t, nbytes in (("decode", times[0], k.nbytes + v.nbytes),
-                                ("decode float16 cache", times[1], k16.nbytes + v16.nbytes)):
-            gbs = nbytes / t / 1e9
-            row: Row = {"case": f"{name} Lq=1 Lk={Lk} H={H} D={D}", "threads": self.threads,
-                        "attnx_s": t, "attnx_gflops": 4.0 * H * Lk * D / t / 1e9,
-                        "attnx_GBps": gbs, "numpy_read_GBps": read,
-                        "note": f"reads K+V at {gbs:.1f} GB/s = {gbs / read:.0%} of np.max's "
-                                f"{read:.1f} GB/s on {self.threads} thread(s)"}
+        gqa = f" GQA {Hq}/{Hk}" if Hq != Hk else f" H={Hq}"
+        for dt in dtypes:
+            k, v = k32.astype(dt), v32.astype(dt)
+            fns: List[Callable[[], object]] = [
+                lambda: attnx.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hk),
+                lambda: read_time(k, v, self.threads)]
+            if self.torch and dt == np.float32:
+                tq, tk, tv = (self.torch.from_numpy(x) for x in (q, k, v))
+                self.torch.set_num_threads(self.threads)
+                fns.append(lambda: self.F.scaled_dot_product_attention(tq, tk, tv,
+                                                                       enable_gqa=Hq != Hk))
+            times = _time(fns, self.repeats)
+            nbytes = k.nbytes + v.nbytes
+            gbs, roof = nbytes / times[0] / 1e9, nbytes / times[1] / 1e9
+            name = np.dtype(dt).name
+            row: Row = {"case": f"decode {name}{gqa} Lk={Lk} D={D}", "threads": self.threads,
+                        "attnx_s": times[0], "attnx_gflops": 4.0 * Hq * Lk * D / times[0] / 1e9,
+                        "attnx_GBps": gbs, "roofline_GBps": roof, "of_roofline": gbs / roof,
+                        "note": f"reads K+V at {gbs:.1f} GB/s = {gbs / roof:.0%} of a plain "
+                                f"reduction's {roof:.1f} GB/s over the same bytes"}
+            if len(times) > 2:
+                row["torch_gflops"] = 4.0 * Hq * Lk * D / times[2] / 1e9
+                row["vs_torch"] = times[2] / times[0]
             if rows:
-                row["vs_float32_cache"] = times[0] / t
-                row["note"] += f"; {times[0] / t:.2f}x faster than the float32 cache"
-            elif self.torch:
-                row["torch_gflops"] = 4.0 * H * Lk * D / times[2] / 1e9
-                row["vs_torch"] = times[2] / t
+                row["vs_float32_cache"] = rows[0]["attnx_s"] / times[0]
+                row["note"] += f"; {row['vs_float32_cache']:.2f}x the float32 cache's speed"
             self.emit(row)
             rows.append(row)
         attnx.set_num_threads(0)
@@ -576,7 +589,8 @@ def run(args: argparse.Namespace) -> int:
         rows.append(b.case("B=1 H=8 L=1024 D=64, 1 thread", 1, 8, 8, 1024, 1024, 64, threads=1))
     rows.append(b.case("  same, causal", 1, 8, 8, 1024, 1024, 64, causal=True))
     rows.append(b.case("  same, need_weights", 1, 8, 8, 1024, 1024, 64, need_weights=True, numpy=True))
-    rows.extend(b.decode(8192, 32, 128))
+    rows.extend(b.decode(8192, 32, 32, 128))
+    rows.extend(b.decode(32768, 32, 8, 128))       # GQA: the same bytes of cache
     if not b.quick:
         rows.append(b.memory(16384, 8, 64))
     rows.append(b.backward(f"fwd+bwd B=1 H=8 L=1024 D=64, {nt} threads", 1, 8, 1024, 64))
