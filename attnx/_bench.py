@@ -100,20 +100,21 @@ def _time(fns: Sequence[Callable[[], object]], repeats: int,
 
 
 def read_time(k: NDArray[Any], v: NDArray[Any], threads: int) -> None:
-    """The roofline of decoding: a plain reduction over the bytes of k and v
-    (read as float32, whatever they hold: only their bytes matter), split
-    across ``threads`` Python threads (NumPy's reductions release the GIL)."""
+    """The roofline of decoding: a plain reduction (the maximum, as uint32:
+    only the bytes matter, and integer max is the fastest of NumPy's
+    reductions) over the bytes of k and v, split across ``threads`` Python
+    threads (NumPy's reductions release the GIL)."""
     import threading
 
     flat = [a.reshape(-1).view(np.uint8) for a in (k, v)]
-    flat = [a[:a.size // 4 * 4].view(np.float32) for a in flat]
+    flat = [a[:a.size // 4 * 4].view(np.uint32) for a in flat]
     chunks = [c for a in flat for c in np.array_split(a, threads)]
     if threads == 1:
         for c in chunks:
-            np.add.reduce(c)
+            np.maximum.reduce(c)
         return
-    ts = [threading.Thread(target=lambda cs: [np.add.reduce(c) for c in cs], args=(chunks[i::threads],))
-          for i in range(threads)]
+    ts = [threading.Thread(target=lambda cs: [np.maximum.reduce(c) for c in cs],
+                           args=(chunks[i::threads],)) for i in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
@@ -217,7 +218,9 @@ class _Bench:
         """Lq = 1 over a cache of Hk heads: bandwidth bound. Per storage dtype
         (float32, float16, bfloat16 when ml_dtypes is installed), the GB/s of K
         and V read against the roofline: a plain reduction over the same bytes
-        on as many threads (:func:`read_time`), timed interleaved with it."""
+        on as many threads (:func:`read_time`), timed interleaved with it.
+        (On AMD EPYC Zen 5, 2 threads, over 512 MiB: NumPy's maximum as uint32
+        or float32 67-69 GB/s, float32 add 38, torch's sum 81.)"""
         attnx = self.attnx
         attnx.set_num_threads(self.threads)
         q = _inputs(1, Hq, Hk, 1, Lk, D)[0]

@@ -114,44 +114,14 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     jb->run.kt->pv(s->st, BQ, it->nq, v, v_sl, nk, jb->run.p->Dv, alpha, s->acc, jb->plan.ldacc);
 }
 
-/* Decoding reads each key and value once, with little arithmetic between
- * reads: ask for the next tile's rows while this one is computed, so that the
- * loads stream at the memory's bandwidth instead of waiting on its latency. */
-static void prefetch_rows(const char *row, int64_t row_bytes, int64_t stride_bytes, int nk)
-{
-    for (int j = 0; j < nk; j++)
-        for (int64_t o = 0; o < row_bytes; o += 64)
-            __builtin_prefetch(row + j * stride_bytes + o, 0, 2);
-}
-
-static void prefetch_tile(const attnx_problem *p, const item_view *it, int64_t j0, int nk)
-{
-    if (p->k16.data) {
-        const attnx_half_tensor *k = &p->k16, *v = &p->v16;
-        prefetch_rows((const char *)(k->data + it->b * k->sb + it->hk * k->sh + j0 * k->sl),
-                      2 * p->D, 2 * k->sl, nk);
-        prefetch_rows((const char *)(v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl),
-                      2 * p->Dv, 2 * v->sl, nk);
-        return;
-    }
-    const attnx_tensor *k = &p->k, *v = &p->v;
-    prefetch_rows((const char *)(k->data + it->b * k->sb + it->hk * k->sh + j0 * k->sl), 4 * p->D,
-                  4 * k->sl, nk);
-    prefetch_rows((const char *)(v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl), 4 * p->Dv,
-                  4 * v->sl, nk);
-}
-
 void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
                        int64_t kstop, float *part)
 {
     const attnx_kernels *kt = jb->run.kt;
     const int nq = it->nq;
     start_rows(jb, s, it);
-    const int decoding = rows_layout(jb, nq);
     for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
         const int nk = (int)min64(BK, kstop - j0);
-        if (decoding && j0 + BK < kstop)
-            prefetch_tile(jb->run.p, it, j0 + BK, (int)min64(BK, kstop - j0 - BK));
         scores(jb, s, it, j0, nk);
         kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
         add_values(jb, s, it, j0, nk, s->alpha);
