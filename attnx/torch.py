@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional, Tuple
 import numpy as np
 import torch
 
-from ._args import Alignment, Causal, Layout, Window
+from ._args import Alignment, Causal, Layout, Window, torch_bfloat16
 from ._functional import CALL_THREADS
 from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
@@ -25,13 +25,19 @@ __all__ = ["scaled_dot_product_attention"]
 
 
 def _numpy(t: torch.Tensor, name: str) -> np.ndarray[Any, Any]:
-    """A CPU tensor's memory as a NumPy array (float32 computed natively, float16/64 converted)."""
+    """A CPU tensor's memory as a NumPy array (float32 computed natively, float16/64
+    converted; bfloat16 read through its bits, as ml_dtypes.bfloat16 when installed)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
     if t.device.type != "cpu":
         raise TypeError(f"{name} must be a CPU tensor (attnx computes on the CPU); got device {t.device}")
+    if t.dtype == torch.bfloat16:
+        b = torch_bfloat16(t.detach())
+        assert b is not None
+        return b
     if t.dtype not in (torch.float32, torch.float16, torch.float64, torch.bool):
-        raise TypeError(f"{name} must be float32, float16, float64 (or a bool mask); got {t.dtype}")
+        raise TypeError(f"{name} must be float32, float16, bfloat16, float64 (or a bool mask); "
+                        f"got {t.dtype}")
     a: np.ndarray[Any, Any] = t.detach().resolve_conj().resolve_neg().numpy()
     return a
 
@@ -110,8 +116,8 @@ def scaled_dot_product_attention(
     """``torch.nn.functional.scaled_dot_product_attention`` computed by attnx, with gradients.
 
     query (B..., Hq, Lq, E), key (B..., Hk, Lk, E), value (B..., Hk, Lk, Ev):
-    CPU tensors (float32 natively; float16/float64 are computed in float32 and
-    the output and gradients come back in the input's dtype). Every argument
+    CPU tensors (float32 natively; float16, bfloat16 and float64 are computed in
+    float32 and the output and gradients come back in the input's dtype). Every argument
     means what it means in :func:`attnx.scaled_dot_product_attention`
     (``attn_mask``: bool, True = may attend, or float, added to the scores;
     ``is_causal``: True, "upper_left" or "lower_right"; ``layout="blhd"``
