@@ -7,10 +7,30 @@ from typing import Any, Literal, Optional, SupportsIndex, Tuple, Union, overload
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from ._args import as_array, float_array, nonnegative_int, positive_int, shape_str
+from ._args import as_array, float_array, is_bfloat16, nonnegative_int, positive_int, shape_str
 from ._functional import scaled_dot_product_attention
 
 __all__ = ["KVCache"]
+
+
+def _cache_dtype(dtype: object) -> np.dtype[Any]:
+    """The cache's dtype: float32, float16 or bfloat16 (ml_dtypes', also as "bfloat16")."""
+    want = "float32, float16 or bfloat16"
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError('dtype="bfloat16" needs ml_dtypes (pip install ml_dtypes, or '
+                            'attnx[bfloat16]), whose bfloat16 is NumPy\'s') from None
+        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+        return bf16
+    try:
+        dt: np.dtype[Any] = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"dtype must be {want}; got {dtype!r}") from None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float16)) and not is_bfloat16(dt):
+        raise TypeError(f"dtype must be {want}; got {dt}")
+    return dt
 
 
 class KVCache:
@@ -18,8 +38,11 @@ class KVCache:
 
     ``k`` (batch, heads, max_len, head_dim) and ``v`` (batch, heads, max_len,
     value_dim) are allocated once and never reallocated; ``lengths`` (batch,)
-    int64 says how many tokens each sequence holds. ``dtype`` float32 or
-    float16 (half the memory; attention is computed in float32).
+    int64 says how many tokens each sequence holds. ``dtype`` float32,
+    float16 or bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``; needs
+    ml_dtypes): 16-bit caches take half the memory and are read in place;
+    attention is computed in float32 on the stored values, and appended
+    values are rounded to nearest, ties to even.
 
     Example
     -------
@@ -42,12 +65,7 @@ class KVCache:
         self.max_len = nonnegative_int(max_len, "max_len")
         self.head_dim = positive_int(head_dim, "head_dim")
         self.value_dim = self.head_dim if value_dim is None else positive_int(value_dim, "value_dim")
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be float32 or float16; got {dtype!r}") from None
-        if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
-            raise TypeError(f"dtype must be float32 or float16; got {dt}")
+        dt = _cache_dtype(dtype)
         try:
             self.k: NDArray[Any] = np.zeros((self.batch, self.heads, self.max_len, self.head_dim), dt)
             self.v: NDArray[Any] = np.zeros((self.batch, self.heads, self.max_len, self.value_dim), dt)
@@ -85,10 +103,12 @@ class KVCache:
             stored = a.astype(self.k.dtype)
         overflow = np.isinf(stored) & np.isfinite(a)
         if overflow.any():
-            biggest = float(np.max(np.abs(a[overflow])))
-            raise ValueError(f"{name} holds finite values beyond float16's range (|x| up to "
-                             f"{biggest:g} > 65504), which a float16 cache would store as inf; "
-                             f"scale them or use dtype=np.float32")
+            biggest = float(np.max(np.abs(a[overflow].astype(np.float64))))
+            name_dt = "bfloat16" if is_bfloat16(self.k.dtype) else "float16"
+            limit = 3.3895314e38 if is_bfloat16(self.k.dtype) else 65504
+            raise ValueError(f"{name} holds finite values beyond {name_dt}'s range (|x| up to "
+                             f"{biggest:g} > {limit:g}), which a {name_dt} cache would store as "
+                             f"inf; scale them or use dtype=np.float32")
         return stored
 
     def append(self, k_new: object, v_new: object) -> None:
@@ -96,7 +116,7 @@ class KVCache:
 
         k_new (batch, heads, n, head_dim), v_new (batch, heads, n, value_dim).
         Raises ValueError, writing nothing, when a sequence would pass max_len,
-        or when a float16 cache would turn a finite value into inf.
+        or when a float16 or bfloat16 cache would turn a finite value into inf.
         """
         k = self._new(k_new, "k_new", self.head_dim)
         v = self._new(v_new, "v_new", self.value_dim)

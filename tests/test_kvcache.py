@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import attnx
-from conftest import assert_close, randn
+from conftest import BF16, LOW_FLOATS, assert_close, randn
 
-DTYPES = [np.float32, np.float16]
+DTYPES = [np.float32] + LOW_FLOATS
 
 
 def data_pointer(a):
@@ -363,8 +363,8 @@ def test_bad_attend_refused_naming_the_argument(rng, q_shape, dtype, kw, exc, wo
 
 
 @pytest.mark.parametrize("kw, exc, words", [
-    (dict(dtype=np.float64), TypeError, "dtype must be float32 or float16"),
-    (dict(dtype=np.int32), TypeError, "dtype must be float32 or float16"),
+    (dict(dtype=np.float64), TypeError, "dtype must be float32, float16 or bfloat16"),
+    (dict(dtype=np.int32), TypeError, "dtype must be float32, float16 or bfloat16"),
     (dict(batch=0), ValueError, "batch"),
     (dict(batch=1.5), TypeError, "batch"),
     (dict(heads=0), ValueError, "heads"),
@@ -401,3 +401,33 @@ def test_lengths_set_out_of_range_are_refused(rng, bad):
     with pytest.raises(ValueError, match="KVCache.lengths must be 2 integers in"):
         cache.append(np.zeros((2, 2, 1, 4), np.float32), np.zeros((2, 2, 1, 4), np.float32))
     np.testing.assert_array_equal(cache.k, k0)
+
+
+@pytest.mark.skipif(BF16 is None, reason="ml_dtypes is not installed")
+@pytest.mark.parametrize("dtype", ["bfloat16", "ml_dtypes"])
+def test_bfloat16_cache(isa, rng, dtype):
+    """A bfloat16 cache (dtype "bfloat16" or ml_dtypes.bfloat16): 2 bytes a value,
+    appended from float32 rounded to nearest, ties to even, attended in place:
+    the float32 result on the stored values; a finite value it would store as
+    inf is refused, naming the argument, with nothing written."""
+    cache = attnx.KVCache(2, 2, 40, 8, dtype=BF16 if dtype == "ml_dtypes" else dtype)
+    assert cache.k.dtype == BF16 and cache.k.itemsize == 2
+    # ties to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 (bits 0x3f80, 0x3f81)
+    ties = np.array([0x3F808000, 0x3F818000, 0x3F808001], np.uint32).view(np.float32)
+    k = randn(rng, (2, 2, 9, 8))
+    k[0, 0, 0, :3] = ties
+    v = randn(rng, (2, 2, 9, 8))
+    cache.append(k, v)
+    assert cache.k[0, 0, 0, :3].view(np.uint16).tolist() == [0x3F80, 0x3F82, 0x3F81]
+    q = randn(rng, (2, 4, 3, 8))
+    out = cache.attend(q)
+    stored_k, stored_v = (a[:, :, :9].astype(np.float64) for a in (cache.k, cache.v))
+    assert_close(out, attnx.reference(q, stored_k, stored_v, is_causal="lower_right",
+                                      enable_gqa=True))
+    assert out.tobytes() == attnx.scaled_dot_product_attention(
+        q, stored_k.astype(np.float32), stored_v.astype(np.float32), is_causal="lower_right",
+        enable_gqa=True).tobytes()
+    before = cache.k.copy()
+    with pytest.raises(ValueError, match=r"v_new holds finite values beyond bfloat16's range"):
+        cache.append(randn(rng, (2, 2, 1, 8)), np.full((2, 2, 1, 8), 3.4e38, np.float32))
+    assert cache.k.tobytes() == before.tobytes() and cache.lengths.tolist() == [9, 9]
