@@ -19,6 +19,7 @@ import attnx
 import attnx._masks
 import attnx._mha
 from attnx import MultiHeadAttention, causal_mask, padding_mask
+from conftest import LOW_FLOATS
 
 ATOL, RTOL = 1e-4, 1e-5          # layer vs float64 composition (see the module docstring)
 W_ATOL = 1e-5                    # attention weights are in [0, 1] and need no projection out
@@ -387,7 +388,7 @@ class TestAgainstReference:
             assert_close(mha(x), composed(mha, x)[0])
             b[...] = saved
 
-    @pytest.mark.parametrize("dtype", [np.float16, np.float64])
+    @pytest.mark.parametrize("dtype", LOW_FLOATS + [np.float64])
     def test_other_float_dtypes(self, dtype):
         mha = make_layer(50, 8, seed=26)
         x = randn(rng_of(27), 2, 6, 50).astype(dtype)

@@ -8,7 +8,7 @@ import pytest
 
 import attnx
 from attnx import _attnx
-from conftest import randn
+from conftest import LOW_FLOATS, randn
 
 ISAS = list(_attnx.available_isas())
 
@@ -201,13 +201,15 @@ def test_errors_name_the_argument(rng, kw, exc, words):
 
 # ------------------------------------------------------------ float16 keys and values
 
+@pytest.mark.parametrize("dtype", LOW_FLOATS)
 @pytest.mark.parametrize("Lq", [1, 3, 70])     # decoding (rows of queries) and whole tiles
-def test_half_keys_and_values_give_the_float32_bits(rng, isa, Lq):
-    """float16 K/V are read as such (converted exactly, tile by tile): the result
-    is the float32 computation on the same values, bit for bit."""
+def test_half_keys_and_values_give_the_float32_bits(rng, isa, Lq, dtype):
+    """float16 and bfloat16 K/V are read as such (converted exactly, in registers
+    or tile by tile): the result is the float32 computation on the same values,
+    bit for bit."""
     q = randn(rng, (2, 4, Lq, 40))
-    k = randn(rng, (2, 2, 600, 40)).astype(np.float16)
-    v = randn(rng, (2, 2, 600, 24)).astype(np.float16)
+    k = randn(rng, (2, 2, 600, 40)).astype(dtype)
+    v = randn(rng, (2, 2, 600, 24)).astype(dtype)
     kw = dict(enable_gqa=True, is_causal="lower_right", sinks=[0.0, 1.0, 2.0, 3.0], window=(100, 0))
     got = attnx.scaled_dot_product_attention(q, k, v, **kw)
     want = attnx.scaled_dot_product_attention(q, k.astype(np.float32), v.astype(np.float32), **kw)
