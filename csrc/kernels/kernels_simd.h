@@ -204,13 +204,12 @@ ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, 
         for (int i = 0; i < nq; i += 4) {
             const int mr = nq - i < 4 ? nq - i : 4, nb = nk - j < 4 ? nk - j : 4;
             switch (mr * 8 + nb) {
-                QD_CASE(1, 1)
-                QD_CASE(1, 2)
-                QD_CASE(1, 3)
-                QD_CASE(1, 4)
-                QD_CASE(2, 1) QD_CASE(2, 2) QD_CASE(2, 3) QD_CASE(2, 4) QD_CASE(3, 1) QD_CASE(3, 2)
-                    QD_CASE(3, 3) QD_CASE(3, 4) QD_CASE(4, 1) QD_CASE(4, 2) QD_CASE(4, 3)
-                        QD_CASE(4, 4)
+                // clang-format off
+                QD_CASE(1, 1) QD_CASE(1, 2) QD_CASE(1, 3) QD_CASE(1, 4)
+                QD_CASE(2, 1) QD_CASE(2, 2) QD_CASE(2, 3) QD_CASE(2, 4)
+                QD_CASE(3, 1) QD_CASE(3, 2) QD_CASE(3, 3) QD_CASE(3, 4)
+                QD_CASE(4, 1) QD_CASE(4, 2) QD_CASE(4, 3) QD_CASE(4, 4)
+                // clang-format on
             }
         }
     }
