@@ -81,7 +81,11 @@ def backward(
     /,
 ) -> None:
     """Private: gradients of ``forward`` written into dq, dk, dv (and dmask, zeroed by the
-    caller); ``threads`` > 0: this call's thread count, as ``forward``'s."""
+    caller, a (B, Hq, Lq, Lk) view summed along its stride-0 axes); ``threads`` > 0: this
+    call's thread count, as ``forward``'s."""
+def fingerprint(a: NDArray[Any], /) -> int:
+    """Private: a 64-bit fingerprint of the bytes of ``a`` in its memory order (the GIL
+    released): another content gives another value but with probability ~2^-64."""
 CAUSAL_NONE: int
 """The ``causal`` code of ``forward``/``backward``: no causal mask."""
 CAUSAL_UPPER_LEFT: int

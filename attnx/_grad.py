@@ -22,6 +22,7 @@ from ._args import (CAUSAL_ARG, F32, Alignment, ArrayInput, Causal, Layout, Wind
                     check_layout, lse_like, output_like, shape_str)
 from ._functional import CALL_THREADS, fold_calls, scaled_dot_product_attention
 from ._reference import reference_attention_backward
+from ._saved import Fingerprints
 
 __all__ = ["AttentionGrads", "scaled_dot_product_attention_vjp",
            "scaled_dot_product_attention_backward", "merge_attention", "reference_backward"]
@@ -168,10 +169,14 @@ def scaled_dot_product_attention_vjp(
     Same arguments and semantics as :func:`attnx.scaled_dot_product_attention`.
     Returns ``(out, vjp)``; ``vjp(dout)`` gives :class:`attnx.AttentionGrads`
     for an upstream gradient ``dout`` shaped like ``out``, and may be called
-    any number of times. The forward saves only ``out`` and ``lse`` (Lq
-    floats a row); the backward recomputes the probabilities tile by tile.
-    The inputs are referenced, not copied: do not modify them in place
-    before calling ``vjp``.
+    any number of times. The backward recomputes the probabilities tile by
+    tile from the forward's inputs, its ``lse`` (Lq floats a row) and a
+    private copy of ``out``: modifying the returned ``out`` in place (a
+    residual ``out += x``) changes nothing. ``query``, ``key``, ``value`` and
+    ``attn_mask`` are kept by reference, with a fingerprint of each: if one is
+    modified in place before ``vjp`` is called, ``vjp`` raises RuntimeError
+    naming it (the gradients would be those of other values). Small arguments
+    (lengths, sinks, slopes) are copied.
 
     Example
     -------
@@ -183,17 +188,45 @@ def scaled_dot_product_attention_vjp(
     >>> g.query.shape, g.key.shape, g.value.shape, g.attn_mask
     ((2, 4, 10, 16), (2, 4, 10, 16), (2, 4, 10, 16), None)
     """
+    return attention_vjp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                         layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
+                         window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
+                         alignment=alignment)
+
+
+def attention_vjp(query: ArrayInput, key: ArrayInput, value: ArrayInput,
+                  attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
+                  is_causal: Causal = False, scale: Optional[float] = None,
+                  enable_gqa: bool = False, *, layout: Layout = "bhld",
+                  key_lengths: Optional[ArrayInput] = None,
+                  query_lengths: Optional[ArrayInput] = None, window: Window = None,
+                  sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
+                  alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
+                  where: Optional[str] = "scaled_dot_product_attention_vjp",
+                  ) -> Tuple[F32, Callable[[ArrayInput], AttentionGrads]]:
+    """:func:`scaled_dot_product_attention_vjp`; ``where`` names the public function
+    in the error of a modified input, None skips the fingerprints (a caller
+    whose q, k, v are its own intermediate arrays, MultiHeadAttention.vjp)."""
     q, k, v = (as_array(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+
+    def private(x: Optional[ArrayInput], name: str) -> Optional[NDArray[Any]]:
+        return None if x is None else np.array(as_array(x, name))
     kw: Any = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                   enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
-                   query_lengths=query_lengths, window=window,
-                   sinks=None if sinks is None else as_array(sinks, "sinks"), softcap=softcap,
-                   alibi_slopes=alibi_slopes, alignment=alignment)
+                   enable_gqa=enable_gqa, layout=layout,
+                   key_lengths=private(key_lengths, "key_lengths"),
+                   query_lengths=private(query_lengths, "query_lengths"), window=window,
+                   sinks=private(sinks, "sinks"), softcap=softcap,
+                   alibi_slopes=private(alibi_slopes, "alibi_slopes"), alignment=alignment)
     out, lse = scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+    saved_out = out.copy()
+    prints = None if where is None else Fingerprints(where, query=q, key=k, value=v,
+                                                     attn_mask=mask)
 
     def vjp(dout: ArrayInput) -> AttentionGrads:
-        return scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **kw)
+        if prints is not None:
+            prints.check()
+        return scaled_dot_product_attention_backward(dout, q, k, v, saved_out, lse, **kw)
 
     return out, vjp
 

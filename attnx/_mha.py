@@ -23,7 +23,8 @@ from . import _torch_interop
 from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, as_float, check_flag,
                     positive_int, shape_str)
 from ._functional import scaled_dot_product_attention
-from ._grad import scaled_dot_product_attention_vjp
+from ._grad import attention_vjp
+from ._saved import Fingerprints
 
 __all__ = ["MultiHeadAttention"]
 
@@ -449,6 +450,12 @@ class MultiHeadAttention:
         the same names, and ``"sinks"`` when sinks were passed. The attention's backward is attnx's fused kernel; the
         projections' are NumPy matmuls.
 
+        The gradients are those of the forward that was computed: the weights
+        are copied when it runs (an optimiser may update them in place before
+        ``vjp`` is called), and so is the output; the inputs (and a mask) are
+        kept by reference with a fingerprint, and ``vjp`` raises RuntimeError
+        naming one that was modified in place in between.
+
         Example
         -------
         >>> import numpy as np, attnx
@@ -462,22 +469,27 @@ class MultiHeadAttention:
         ...     p -= 0.01 * grads[name]
         """
         q_in, k_in, v_in, mask, unbatched = self._inputs(query, key, value, attn_mask)
+        weights = {n: w.copy() for n, w in self.parameters().items() if n.startswith("W_")}
+        prints = Fingerprints("MultiHeadAttention.vjp", query=q_in, key=k_in, value=v_in,
+                              attn_mask=mask)
         q, k, v = self._project(q_in, k_in, v_in)
-        z, attn_vjp = scaled_dot_product_attention_vjp(
+        z, attn_vjp = attention_vjp(
             q, k, v, attn_mask=mask, is_causal=is_causal, layout="blhd",
             key_lengths=key_lengths, query_lengths=query_lengths, window=window, sinks=sinks,
-            softcap=softcap, alibi_slopes=alibi_slopes, alignment=alignment)
+            softcap=softcap, alibi_slopes=alibi_slopes, alignment=alignment, where=None)
         out = self._output(z)
+        shape = out.shape
 
         def vjp(dout: ArrayInput) -> Dict[str, F32]:
+            prints.check()
             do = as_float(dout, "dout")
             do = do[None] if unbatched else do
-            if do.shape != out.shape:
-                raise ValueError(f"dout must have the output's shape {out.shape[unbatched:]}; "
+            if do.shape != shape:
+                raise ValueError(f"dout must have the output's shape {shape[unbatched:]}; "
                                  f"got {shape_str(do)}")
-            g, dz = self._output_grads(z, do)
+            g, dz = self._output_grads(z, do, weights["W_o"])
             ga = attn_vjp(dz)
-            dx = {n: self._projection_grads(n, x, gp, g)
+            dx = {n: self._projection_grads(n, x, gp, g, weights["W_" + n])
                   for n, x, gp in (("q", q_in, ga.query), ("k", k_in, ga.key), ("v", v_in, ga.value))}
             g.update(_input_grads(dx, key is None, value is None, unbatched))
             if ga.sinks is not None:
@@ -486,25 +498,27 @@ class MultiHeadAttention:
 
         return (out[0] if unbatched else out), vjp
 
-    def _output_grads(self, z: NDArray[Any], do: F32) -> Tuple[Dict[str, F32], NDArray[Any]]:
+    def _output_grads(self, z: NDArray[Any], do: F32,
+                      W_o: F32) -> Tuple[Dict[str, F32], NDArray[Any]]:
         """The gradients of W_o (and b_o) for ``do`` (B, Lq, d_model), and that of
-        the heads ``z`` (B, Lq, H, D)."""
+        the heads ``z`` (B, Lq, H, D), through the forward's ``W_o``."""
         zf = z.reshape(-1, z.shape[2] * z.shape[3])                 # (B*Lq, H*D)
         do2 = do.reshape(-1, do.shape[-1])                          # (B*Lq, d_model)
         g = {"W_o": zf.T @ do2}
         if self.b_o is not None:
             g["b_o"] = do2.sum(axis=0)
-        return g, (do2 @ self.W_o.T).reshape(z.shape)
+        return g, (do2 @ W_o.T).reshape(z.shape)
 
-    def _projection_grads(self, n: str, x: F32, gp: NDArray[Any], g: Dict[str, F32]) -> F32:
+    def _projection_grads(self, n: str, x: F32, gp: NDArray[Any], g: Dict[str, F32],
+                          W_n: F32) -> F32:
         """Adds to ``g`` the gradients of W_n (and b_n), n in "q", "k", "v", for the
         gradient ``gp`` (B, L, H, D) of the projection of ``x`` (B, L, features);
-        returns the gradient of ``x``."""
+        returns the gradient of ``x`` through the forward's ``W_n``."""
         gp2 = gp.reshape(-1, gp.shape[2] * gp.shape[3])             # (B*L, H*D)
         g["W_" + n] = x.reshape(-1, x.shape[-1]).T @ gp2
         if getattr(self, "b_" + n) is not None:
             g["b_" + n] = gp2.sum(axis=0)
-        dx: F32 = (gp2 @ getattr(self, "W_" + n).T).reshape(x.shape)
+        dx: F32 = (gp2 @ W_n.T).reshape(x.shape)
         return dx
 
     # -------------------------------------------------------------------- torch

@@ -18,6 +18,7 @@ from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, attent
                     check_flag, float_array, integer_array, shape_str, small_float_array)
 from ._functional import scaled_dot_product_attention
 from ._grad import AttentionGrads, scaled_dot_product_attention_backward
+from ._saved import Fingerprints
 
 __all__ = ["varlen_attention", "varlen_attention_vjp", "pack", "unpack"]
 
@@ -173,13 +174,25 @@ def varlen_attention_vjp(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     :class:`attnx.AttentionGrads` with query (total_q, Hq, E), key and value
     shaped like key and value, attn_mask None, and sinks shaped like ``sinks``
     (None without). Padded positions do not exist, so nothing is computed for them.
+
+    The gradients are those of the forward that was computed: ``vjp`` reads a
+    private copy of the output (modifying the returned one changes nothing)
+    and of sinks and slopes; query, key, value and the cu_seqlens are kept by
+    reference with a fingerprint, and ``vjp`` raises RuntimeError naming one
+    that was modified in place in between.
     """
     opts = dict(scale=scale, is_causal=is_causal, enable_gqa=enable_gqa, window=window,
                 softcap=softcap, alignment=alignment)
+    sinks, alibi_slopes = (None if x is None else np.array(as_array(x, n))
+                           for x, n in ((sinks, "sinks"), (alibi_slopes, "alibi_slopes")))
     pk = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, opts, sinks, alibi_slopes)
     out, lse = pk.forward()
+    saved_out = out.copy()
+    prints = Fingerprints("varlen_attention_vjp", query=pk.q, key=pk.k, value=pk.v,
+                          cu_seqlens_q=pk.cq, cu_seqlens_k=pk.ck)
 
     def vjp(dout: ArrayInput) -> AttentionGrads:
+        prints.check()
         do = float_array(dout, "dout")
         if do.shape != out.shape:
             raise ValueError(f"dout must be shaped like the output {out.shape}; got {shape_str(do)}")
@@ -193,7 +206,7 @@ def varlen_attention_vjp(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                 dsinks.append(None)
                 continue
             g = scaled_dot_product_attention_backward(
-                do[None, qs], *pk.views(i), out[None, qs], lse[None, :, qs], **pk.kw(i))
+                do[None, qs], *pk.views(i), saved_out[None, qs], lse[None, :, qs], **pk.kw(i))
             dq[qs], dk[ks], dv[ks] = g.query[0], g.key[0], g.value[0]
             dsinks.append(g.sinks)
         return AttentionGrads(dq, dk, dv, None, _sum_sinks(dsinks, pk.sinks_given))

@@ -4,8 +4,12 @@
 ``torch.nn.functional.scaled_dot_product_attention`` on CPU tensors, with
 attnx's extra keywords (``layout``, ``key_lengths``, ``query_lengths``, the
 lower-right causal alignment). Gradients flow to query, key, value and a
-float ``attn_mask`` through attnx's fused backward pass. torch is imported
-here only (``import attnx`` never imports it).
+float ``attn_mask`` through attnx's fused backward pass. It is differentiable
+once: a second derivative (``create_graph=True`` then another ``grad``: Hessian-
+vector products, gradient penalties) raises instead of silently dropping
+attention's second-order term, and functorch transforms (``torch.func.vmap``,
+``grad``...) are refused by name. torch is imported here only (``import
+attnx`` never imports it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,24 @@ from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
 
 __all__ = ["scaled_dot_product_attention"]
+
+
+def _check_tensors(tensors: Tuple[Optional[torch.Tensor], ...], names: Tuple[str, ...]) -> None:
+    """TypeError naming an argument that is not a torch.Tensor (None allowed but
+    for query, key, value), RuntimeError for tensors of a functorch transform
+    (vmap, grad, jacrev, ...: their wrappers have no memory attnx can read)."""
+    for t, name in zip(tensors, names):
+        if t is None and name not in ("query", "key", "value"):
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attnx.torch.scaled_dot_product_attention: {name} must be a "
+                            f"torch.Tensor; got {type(t).__name__} (for NumPy arrays use "
+                            f"attnx.scaled_dot_product_attention)")
+        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+            raise RuntimeError(f"attnx.torch.scaled_dot_product_attention does not support "
+                               f"functorch transforms (torch.func.vmap, grad, jacrev, ...): "
+                               f"{name} is a transform's wrapped tensor. Call it outside the "
+                               f"transform, or use torch.nn.functional.scaled_dot_product_attention")
 
 
 def _numpy(t: torch.Tensor, name: str) -> np.ndarray[Any, Any]:
@@ -66,6 +88,40 @@ def _threads_for(query: torch.Tensor, key: torch.Tensor, layout: Layout,
         CALL_THREADS.reset(token)
 
 
+#: what differentiating attnx's gradients again raises
+TWICE = ("attnx.torch.scaled_dot_product_attention is differentiable once: the gradients it "
+         "returns cannot be differentiated again (create_graph=True then a second grad: "
+         "Hessian-vector products, gradient penalties). Use "
+         "torch.nn.functional.scaled_dot_product_attention for higher-order derivatives")
+
+
+def _once_differentiable(grads: Tuple[Optional[torch.Tensor], ...],
+                         inputs: Tuple[Optional[torch.Tensor], ...]) -> Tuple[Optional[torch.Tensor], ...]:
+    """The gradients under create_graph=True, passed through one graph node
+    that raises TWICE when differentiated. The node also takes the forward's
+    inputs that require grad, so that it lies on every path from the gradients
+    back to them: differentiating a gradient then reaches it and raises.
+    (torch's own @once_differentiable adds its node only when the upstream
+    gradient requires grad, and only on detached copies: ``(g ** 2).sum()``
+    added to a loss would count as a constant, and a Hessian-vector product
+    would report the inputs unused.)"""
+    live = [i for i, g in enumerate(grads) if g is not None]
+    anchors = [t for t in inputs if t is not None and t.requires_grad]
+    if not live or not anchors:
+        return grads
+
+    def node_input(g: torch.Tensor) -> torch.Tensor:
+        g = g.detach()
+        g.requires_grad = True
+        return g
+    err_fn = torch._C._functions.DelayedError(TWICE.encode(), len(live) + len(anchors))
+    wrapped = err_fn(*[node_input(g) for g in grads if g is not None], *anchors)
+    out = list(grads)
+    for i, w in zip(live, wrapped):
+        out[i] = w
+    return tuple(out)
+
+
 class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is untyped here
     """out = attnx attention(q, k, v, mask); saves out and lse for the backward."""
 
@@ -85,13 +141,23 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+        with torch.no_grad():
+            grads = _Attention._gradients(ctx, dout)
+        if not torch.is_grad_enabled():          # create_graph=False: the usual case
+            return grads
+        return _once_differentiable(grads, ctx.saved_tensors[:5])
+
+    @staticmethod
+    def _gradients(ctx: Any, dout: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         query, key, value, attn_mask, sinks, out, lse = ctx.saved_tensors
+        need = ctx.needs_input_grad
         with _threads_for(query, key, ctx.opts["layout"], flops_per_score=10.0):
             g = _sdpa_backward(
                 _numpy(dout, "grad_output"), _numpy(query, "query"), _numpy(key, "key"),
                 _numpy(value, "value"), out.numpy(), lse.numpy(),
                 attn_mask=None if attn_mask is None else _numpy(attn_mask, "attn_mask"),
-                sinks=None if sinks is None else _numpy(sinks, "sinks"), **ctx.opts)
+                sinks=None if sinks is None else _numpy(sinks, "sinks"),
+                mask_grad=bool(need[3]), **ctx.opts)
 
         def back(a: Optional[np.ndarray[Any, Any]], like: Optional[torch.Tensor],
                  needed: bool) -> Optional[torch.Tensor]:
@@ -99,7 +165,6 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
                 return None
             return torch.from_numpy(a).to(like.dtype)
 
-        need = ctx.needs_input_grad
         return (back(g.query, query, need[0]), back(g.key, key, need[1]),
                 back(g.value, value, need[2]), back(g.attn_mask, attn_mask, need[3]),
                 back(g.sinks, sinks, need[4]), None)
@@ -143,6 +208,7 @@ def scaled_dot_product_attention(
                                 query_lengths=query_lengths, window=window, softcap=softcap,
                                 alibi_slopes=alibi_slopes, alignment=alignment)
     tensors = (query, key, value, attn_mask, sinks)
+    _check_tensors(tensors, ("query", "key", "value", "attn_mask", "sinks"))
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
         # nothing to differentiate (inference, generate()): no lse, no autograd node
         q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))

@@ -189,6 +189,12 @@ attnx_status attnx_backward(const attnx_grad_problem *g);
 
 const char *attnx_strerror(attnx_status status);
 
+/* A 64-bit fingerprint of nbytes bytes at data, chained from seed (hash a
+ * non-contiguous array piece by piece, each piece's result the next one's
+ * seed). Not cryptographic: the Python package uses it to notice arrays
+ * modified in place between a forward and its vjp. */
+uint64_t attnx_fingerprint(uint64_t seed, const void *data, size_t nbytes);
+
 /* Instruction sets: chosen once from cpuid, overridable by the environment
  * variable ATTNX_ISA=scalar|avx2|avx512|neon or attnx_set_isa(). */
 const char *attnx_isa_name(void);          /* the one in use */

@@ -329,7 +329,7 @@ def test_torch_function_keeps_dtypes_and_skips_unneeded_grads(rng):
     out.sum().backward()
     assert q.grad.dtype == torch.float64 and k.grad is None
     with pytest.raises(TypeError, match="query"):
-        at.scaled_dot_product_attention(q.to(torch.bfloat16), k, k)
+        at.scaled_dot_product_attention(q.to(torch.complex128), k, k)
 
 
 # ------------------------------------------------------ MultiHeadAttention

@@ -564,7 +564,48 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* ---- fingerprints ------------------------------------------------------------------ */
+
+PyDoc_STRVAR(fingerprint_doc,
+             "fingerprint(a)\n--\n\n"
+             "Private: a 64-bit fingerprint of the bytes of ndarray a, in its memory order\n"
+             "(any strides; the GIL released): the same array with other contents gives,\n"
+             "but with probability ~2^-64, another value. The vjp functions use it to\n"
+             "notice inputs modified in place after the forward.");
+
+static PyObject *py_fingerprint(PyObject *self, PyObject *arg)
+{
+    if (!check_type(arg, "a", "")) return NULL;
+    PyArrayObject *a = (PyArrayObject *)arg;
+    uint64_t h = (uint64_t)PyArray_SIZE(a);
+    if (PyArray_SIZE(a) == 0) return PyLong_FromUnsignedLongLong(h);
+    NpyIter *it = NpyIter_New(a, NPY_ITER_READONLY | NPY_ITER_EXTERNAL_LOOP | NPY_ITER_REFS_OK,
+                              NPY_KEEPORDER, NPY_NO_CASTING, NULL);
+    if (!it) return NULL;
+    NpyIter_IterNextFunc *next = NpyIter_GetIterNext(it, NULL);
+    if (!next) {
+        NpyIter_Deallocate(it);
+        return NULL;
+    }
+    char **data = NpyIter_GetDataPtrArray(it);
+    npy_intp *stride = NpyIter_GetInnerStrideArray(it), *count = NpyIter_GetInnerLoopSizePtr(it);
+    const npy_intp item = PyArray_ITEMSIZE(a);
+    Py_BEGIN_ALLOW_THREADS
+        do {
+            if (*stride == item) {
+                h = attnx_fingerprint(h, data[0], (size_t)(*count * item));
+            } else {
+                for (npy_intp i = 0; i < *count; i++)
+                    h = attnx_fingerprint(h, data[0] + i * *stride, (size_t)item);
+            }
+        } while (next(it));
+    Py_END_ALLOW_THREADS
+    NpyIter_Deallocate(it);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
 static PyMethodDef methods[] = {
+    {"fingerprint", py_fingerprint, METH_O, fingerprint_doc},
     {"forward", py_forward, METH_VARARGS, forward_doc},
     {"backward", py_backward, METH_VARARGS, backward_doc},
     {"isa", py_isa, METH_NOARGS, "isa()\n--\n\nThe instruction set the kernels use."},

@@ -1,0 +1,53 @@
+/* A fast 64-bit fingerprint of bytes: how the Python package notices that an
+ * array it kept a reference to (the inputs of a forward whose vjp may be
+ * called later) was modified in place. Not cryptographic: any change of the
+ * bytes, their order included, changes it except with probability ~2^-64.
+ *
+ * Four independent lanes take the 8-byte words of each 32-byte block in turn
+ * (xor, multiply, rotate: a chain per lane, so the order of the blocks
+ * matters); the lanes, the tail bytes and the length are mixed at the end.
+ * Reading at the memory's speed matters more than the mixing: at ~10 bytes a
+ * cycle it costs a fraction of one pass of attention over the same arrays. */
+#include <string.h>
+
+#include "attnx.h"
+
+#define PRIME1 0x9E3779B185EBCA87ULL
+#define PRIME2 0xC2B2AE3D27D4EB4FULL
+
+static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t word(const unsigned char *p)
+{
+    uint64_t w;
+    memcpy(&w, p, sizeof w); /* any alignment */
+    return w;
+}
+
+static inline uint64_t mix(uint64_t lane, uint64_t w) { return rotl((lane ^ w) * PRIME1, 31); }
+
+static uint64_t avalanche(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= PRIME2;
+    h ^= h >> 29;
+    h *= PRIME1;
+    return h ^ (h >> 32);
+}
+
+uint64_t attnx_fingerprint(uint64_t seed, const void *data, size_t nbytes)
+{
+    const unsigned char *p = data;
+    uint64_t a = seed ^ PRIME1, b = seed ^ PRIME2, c = ~seed, d = seed + PRIME1 * PRIME2;
+    size_t i = 0;
+    for (; i + 32 <= nbytes; i += 32) {
+        a = mix(a, word(p + i));
+        b = mix(b, word(p + i + 8));
+        c = mix(c, word(p + i + 16));
+        d = mix(d, word(p + i + 24));
+    }
+    uint64_t h = rotl(a, 1) + rotl(b, 7) + rotl(c, 12) + rotl(d, 18);
+    for (; i + 8 <= nbytes; i += 8) h = mix(h, word(p + i));
+    for (; i < nbytes; i++) h = mix(h, p[i]);
+    return avalanche(h ^ (uint64_t)nbytes);
+}
