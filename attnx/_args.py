@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import reprlib
 import sys
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Protocol, Tuple, Union
 
@@ -400,11 +401,19 @@ NO_VARIANTS = Variants()
 _ALIGN = {"upper_left": _attnx.ALIGN_UPPER_LEFT, "lower_right": _attnx.ALIGN_LOWER_RIGHT}
 
 
-def _window_side(x: object) -> int:
+#: The widest bounded window side: wider is the whole sequence (pass None or -1).
+WINDOW_MAX = 2 ** 62
+
+
+def _window_side(x: object, window: object) -> int:
     if x is None:
         return -1
-    return integer(x, "window", "(left, right) with each side an integer >= 0, or -1 / None "
-                   "for an unbounded side", -1)
+    n = integer(x, "window", "(left, right) with each side an integer >= 0, or -1 / None "
+                "for an unbounded side", -1)
+    if n > WINDOW_MAX:
+        raise ValueError(f"window sides must be at most 2**62 (None or -1: unbounded); got "
+                         f"window={window!r}")
+    return n
 
 
 def window_value(window: object) -> Optional[Tuple[int, int]]:
@@ -413,7 +422,7 @@ def window_value(window: object) -> Optional[Tuple[int, int]]:
         return None
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window must be None or a pair (left, right); got {window!r}")
-    return _window_side(window[0]), _window_side(window[1])
+    return _window_side(window[0], window), _window_side(window[1], window)
 
 
 def align_code(alignment: object, causal: int) -> int:
@@ -431,14 +440,24 @@ def align_code(alignment: object, causal: int) -> int:
 
 
 def softcap_value(softcap: object) -> float:
-    """``softcap`` as a float > 0 (0.0 for None)."""
+    """``softcap`` as a float > 0 (0.0 for None): finite in float32, with a finite
+    float32 reciprocal (the kernels compute score · (1/softcap): an infinite
+    reciprocal times a zero score is NaN), i.e. 2.9387359e-39 <= softcap <=
+    3.4028235e38."""
     if softcap is None:
         return 0.0
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be None or a real number > 0; got {type(softcap).__name__}")
-    c = float(softcap)
-    if not (c > 0 and math.isfinite(c) and math.isfinite(np.float32(c)) and np.float32(c) > 0):
-        raise ValueError(f"softcap must be finite and > 0 (in float32); got {softcap!r}")
+    try:
+        c = float(softcap)
+    except OverflowError:            # an int beyond float range
+        c = math.inf
+    with np.errstate(over="ignore", divide="ignore"):
+        c32 = np.float32(c)
+        inv = np.float32(1) / c32 if c32 > 0 else np.float32(np.inf)
+    if not (c > 0 and math.isfinite(c32) and math.isfinite(inv)):
+        raise ValueError(f"softcap must be > 0 and finite in float32, with a finite reciprocal "
+                         f"(2.9387359e-39 <= softcap <= 3.4028235e38); got {reprlib.repr(softcap)}")
     return c
 
 
@@ -455,16 +474,37 @@ def per_head(x: object, name: str, target: Tuple[int, ...], B: int, H: int) -> N
     return np.ascontiguousarray(b).reshape(B, H)
 
 
+def check_alibi_range(slopes: NDArray[Any], align: int, Lq: int, Lk: int) -> None:
+    """ValueError unless every ALiBi bias slope · |d(i) - j| stays within half of
+    float32's range for these lengths: the kernels compute the bias and score -
+    bias in float32, where a larger bias overflows to inf (and inf - inf is NaN;
+    float64 would still be finite). The largest distance from the diagonal d(i)
+    = i + offset is max(Lq - 1 + offset, Lk - 1 - offset)."""
+    if slopes.size == 0 or Lq == 0 or Lk == 0:
+        return
+    offset = Lk - Lq if align == _attnx.ALIGN_LOWER_RIGHT else 0
+    dist = max(Lq - 1 + offset, Lk - 1 - offset, 0)
+    biggest = float(np.max(np.abs(slopes.astype(np.float64))))
+    if biggest * dist > _F32_MAX / 2:
+        raise ValueError(
+            f"alibi_slopes: a slope of magnitude {biggest:g} over distances up to {dist} (Lq={Lq}, "
+            f"Lk={Lk}) gives biases beyond float32's range (|slope| * distance must be at most "
+            f"{_F32_MAX / 2:g}), where attnx computes them")
+
+
 def variant_args(window: object, sinks: object, softcap: object, alibi_slopes: object,
-                 alignment: object, causal: int, target: Tuple[int, ...], B: int, H: int) -> Variants:
+                 alignment: object, causal: int, target: Tuple[int, ...], B: int, H: int,
+                 Lq: int, Lk: int) -> Variants:
     """The variant arguments, checked; per-head arrays as (B, H) float arrays."""
     if window is None and sinks is None and softcap is None and alibi_slopes is None \
             and alignment is None:
         return NO_VARIANTS
+    align = align_code(alignment, causal)
+    alibi = None if alibi_slopes is None else per_head(alibi_slopes, "alibi_slopes", target, B, H)
+    if alibi is not None:
+        check_alibi_range(alibi, align, Lq, Lk)
     return Variants(
-        window=window_value(window), align=align_code(alignment, causal),
-        softcap=softcap_value(softcap),
-        alibi=None if alibi_slopes is None else per_head(alibi_slopes, "alibi_slopes", target, B, H),
+        window=window_value(window), align=align, softcap=softcap_value(softcap), alibi=alibi,
         sinks=None if sinks is None else per_head(sinks, "sinks", target, B, H))
 
 
@@ -592,7 +632,7 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     if query_lengths is not None:
         ql = _lengths(query_lengths, "query_lengths", lead, Lq, B, Hq, heads_are_batch)
     variants = variant_args(window, sinks, softcap, alibi_slopes, alignment, causal,
-                            batch_shape + (Hq,), B, Hq)
+                            batch_shape + (Hq,), B, Hq, Lq, Lk)
     return AttentionArgs(q, k, v, mask, kl, ql, causal, scale_f, batch_shape, str(layout),
                          given[0].ndim, variants)
 

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from . import _attnx
 from ._args import (CAUSAL_ARG, F32, Alignment, ArrayInput, Causal, Layout, Window, as_array,
-                    as_float, attention_args, check_flag,
+                    as_float, attention_args, check_flag, small_float_array,
                     check_layout, lse_like, output_like, shape_str)
 from ._functional import CALL_THREADS, fold_calls, scaled_dot_product_attention
 from ._reference import reference_attention_backward
@@ -275,7 +275,8 @@ def reference_backward(
 
 
 def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,
-                    layout: Layout = "bhld") -> Tuple[F32, F32]:
+                    layout: Layout = "bhld",
+                    sinks: Optional[ArrayInput] = None) -> Tuple[F32, F32]:
     """Attention over the union of disjoint sets of keys, from the attention over each.
 
     ``outs[s]`` (B..., H, Lq, Ev) (``layout="blhd"``: (B..., Lq, H, Ev)) and
@@ -286,6 +287,14 @@ def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,
     ``out = sum_s exp(lse_s - M) out_s / sum_s exp(lse_s - M)`` and
     ``lse = M + log sum_s exp(lse_s - M)``; exact up to float32 rounding. A row
     with no allowed key anywhere (every lse -inf) gives zeros and -inf.
+
+    ``sinks``: attention-sink logits, one per head, broadcastable to (B..., H)
+    as in :func:`attnx.scaled_dot_product_attention`. Compute the parts
+    *without* sinks and pass them here: the sink joins the merged softmax's
+    denominator once (``out *= S / (S + exp(sink))``, ``lse = log(S +
+    exp(sink))`` with S the merged sum; parts computed with sinks would count
+    the sink once per part). A row with no allowed key still gives zeros and
+    -inf, as the whole call does.
 
     Example
     -------
@@ -331,4 +340,30 @@ def merge_attention(outs: Sequence[ArrayInput], lses: Sequence[ArrayInput], *,
         dn = den if layout == "bhld" else np.swapaxes(den, -1, -2)
         out = np.where(dn[..., None] == 0, np.float32(0), num / np.where(dn == 0, 1, dn)[..., None])
         lse_out = np.where(den == 0, -np.inf, Msub + np.log(np.where(den == 0, 1, den)))
+    if sinks is not None:
+        return join_sinks(out, lse_out, sinks, layout)
     return out.astype(np.float32), lse_out.astype(np.float32)
+
+
+def join_sinks(out: NDArray[Any], lse: NDArray[Any], sinks: ArrayInput,
+               layout: Layout = "bhld") -> Tuple[F32, F32]:
+    """Attention ``(out, lse)`` over keys without sinks, with the sinks joined to
+    each row's denominator: out (B..., H, Lq, Ev) (blhd: (B..., Lq, H, Ev)), lse
+    (B..., H, Lq), sinks broadcastable to (B..., H). In float64; rows with lse
+    -inf (no allowed key) stay zeros and -inf."""
+    s = small_float_array(sinks, "sinks")
+    heads = lse.shape[:-1]
+    try:
+        s64 = np.broadcast_to(s, heads).astype(np.float64)[..., None]       # (B..., H, 1)
+    except ValueError:
+        raise ValueError(f"sinks with shape {shape_str(s)} does not broadcast to the heads of "
+                         f"lses (B..., H) = {heads}") from None
+    if not np.isfinite(s64).all():
+        raise ValueError("sinks must be finite")
+    lse64 = lse.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = np.logaddexp(lse64, s64)                                       # (B..., H, Lq)
+        w = np.where(np.isneginf(lse64), 0.0, np.exp(lse64 - total))
+    w_out = w if layout == "bhld" else np.swapaxes(w, -1, -2)
+    joined = (np.asarray(out, np.float64) * w_out[..., None]).astype(np.float32)
+    return joined, np.where(np.isneginf(lse64), -np.inf, total).astype(np.float32)

@@ -16,6 +16,8 @@ __all__ = ["KVCache"]
 def _cache_dtype(dtype: object) -> np.dtype[Any]:
     """The cache's dtype: float32, float16 or bfloat16 (ml_dtypes', also as "bfloat16")."""
     want = "float32, float16 or bfloat16"
+    if dtype is None:           # np.dtype(None) would be float64
+        raise TypeError(f"dtype must be {want}; got None")
     if isinstance(dtype, str) and dtype == "bfloat16":
         try:
             import ml_dtypes

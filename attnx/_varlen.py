@@ -15,7 +15,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, attention_args,
-                    check_flag, float_array, integer_array, shape_str, small_float_array)
+                    check_flag, float_array, integer_array, nonnegative_int, shape_str,
+                    small_float_array)
 from ._functional import scaled_dot_product_attention
 from ._grad import AttentionGrads, scaled_dot_product_attention_backward
 from ._saved import Fingerprints
@@ -28,6 +29,9 @@ def _cu_seqlens(x: object, name: str, total: int) -> NDArray[np.int64]:
     a = integer_array(x, name)
     if a.ndim != 1 or a.shape[0] < 1:
         raise ValueError(f"{name} must be 1-D (N+1,) with at least one entry; got shape {shape_str(a)}")
+    if a.size and a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds {a.max()}, beyond any packed length (int64); got "
+                         f"{a.tolist()}")
     c = a.astype(np.int64)
     if c[0] != 0:
         raise ValueError(f"{name} must start at 0; got {c[0]}")
@@ -270,7 +274,7 @@ def unpack(packed: ArrayInput, cu_seqlens: ArrayInput,
     cu = _cu_seqlens(cu_seqlens, "cu_seqlens", a.shape[0])
     lens = np.diff(cu)
     longest = int(lens.max()) if lens.size else 0
-    L = longest if max_len is None else int(max_len)
+    L = longest if max_len is None else nonnegative_int(max_len, "max_len")
     if L < longest:
         raise ValueError(f"max_len ({L}) is shorter than the longest sequence ({longest})")
     x = np.zeros((lens.size, L) + a.shape[1:], a.dtype)

@@ -18,6 +18,7 @@ dask is imported here only (``import attnx`` never imports it).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -250,18 +251,14 @@ def _finish(res: Optional[Tuple[NDArray[Any], NDArray[Any]]], *, sinks: Optional
             shape: Tuple[int, ...]) -> NDArray[np.float32]:
     """The output block from the merged ``(out, lse)`` (zeros of ``shape`` when
     no key block was scheduled). ``sinks`` (batch..., h): the sink logits, when
-    the keys were split: the sink joins each row's softmax denominator once,
-    here, ``out *= exp(lse) / (exp(lse) + exp(sink))``; a row with no allowed
-    key (lse = -inf) stays zero."""
+    the keys were split: the blocks were computed without them, and
+    ``merge_attention(..., sinks=)`` joins them to each row's softmax
+    denominator once; a row with no allowed key (lse = -inf) stays zero."""
     if res is None:
         return np.zeros(shape, np.float32)
     out, lse = res
     if sinks is not None:
-        lse64 = lse.astype(np.float64)
-        s = np.asarray(sinks, np.float64)[..., None]
-        with np.errstate(invalid="ignore"):
-            w = np.where(np.isneginf(lse64), 0.0, np.exp(lse64 - np.logaddexp(lse64, s)))
-        out = (out * w[..., None]).astype(np.float32)
+        out = _merge_numpy([out], [lse], sinks=sinks)[0]
     return np.asarray(out, np.float32)
 
 
@@ -284,9 +281,14 @@ class _Split(NamedTuple):
     group: int                              # query heads per key/value head
 
 
-def _as_dask(x: Any) -> Any:
-    """``x`` as a dask array (a NumPy array wrapped with ``da.asarray``)."""
-    return x if isinstance(x, da.Array) else da.asarray(x)
+def _as_dask(x: Any, name: str) -> Any:
+    """``x`` as a dask array (a NumPy array wrapped with ``da.asarray``) whose
+    chunk sizes are known (boolean indexing leaves them NaN: the graph needs them)."""
+    a = x if isinstance(x, da.Array) else da.asarray(x)
+    if any(math.isnan(n) for n in a.shape):
+        raise ValueError(f"{name} has unknown chunk sizes (shape {a.shape}, e.g. after boolean "
+                         f"indexing): pass {name}.compute_chunk_sizes()")
+    return a
 
 
 def _checked(query: Any, key: Any, value: Any, attn_mask: Optional[Any], dropout_p: float,
@@ -298,8 +300,8 @@ def _checked(query: Any, key: Any, value: Any, attn_mask: Optional[Any], dropout
     zero-stride stand-ins of the arrays (nothing read): ``(q, k, v, mask,
     args)``, the arrays as passed (layout and ndim unchanged). The small
     per-sequence / per-head values are computed here (``_small``)."""
-    qd, kd, vd = (_as_dask(x) for x in (query, key, value))
-    md = None if attn_mask is None else _as_dask(attn_mask)
+    qd, kd, vd = (_as_dask(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
+    md = None if attn_mask is None else _as_dask(attn_mask, "attn_mask")
     key_lengths, query_lengths = _small(key_lengths), _small(query_lengths)
     sinks, alibi_slopes = _small(sinks), _small(alibi_slopes)
     p = attention_args(_meta(qd), _meta(kd), _meta(vd),

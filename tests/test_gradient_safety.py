@@ -227,3 +227,122 @@ def test_torch_skips_the_mask_gradient_when_not_required(torch, monkeypatch, mas
     at.scaled_dot_product_attention(x, x, x, attn_mask=mask).sum().backward()
     assert seen == [mask_requires_grad]
     assert (mask.grad is not None) == mask_requires_grad
+
+
+# ---------------------------------------------------- merge_attention's sinks
+
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+@pytest.mark.parametrize("sinks_shape", ["per_head", "per_batch_head", "scalar"])
+def test_merge_attention_joins_the_sinks_once(rng, layout, sinks_shape):
+    """Parts computed without sinks, merged with sinks=, give the whole call with
+    sinks (they were 0.17 off when each part was computed with them); a row
+    with no key anywhere stays zeros and -inf."""
+    B, H, Lq, Lk, E = 2, 3, 5, 11, 8
+    q, k, v = randn(rng, (B, H, Lq, E)), randn(rng, (B, H, Lk, E)), randn(rng, (B, H, Lk, E))
+    if layout == "blhd":
+        q, k, v = (np.swapaxes(a, 1, 2) for a in (q, k, v))
+    sinks = {"per_head": randn(rng, (H,)), "per_batch_head": randn(rng, (B, H)),
+             "scalar": np.float32(0.7)}[sinks_shape]
+    kl = np.array([Lk, 0])                                # batch 1: no key at all
+    kw = dict(layout=layout)
+    whole, lse_whole = attnx.scaled_dot_product_attention(q, k, v, sinks=sinks, key_lengths=kl,
+                                                          return_lse=True, **kw)
+    cut = [0, 4, 4, 11]                                   # an empty part too
+    parts = []
+    for a, b in zip(cut, cut[1:]):
+        sl = (slice(None), slice(a, b)) if layout == "blhd" else (slice(None), slice(None), slice(a, b))
+        parts.append(attnx.scaled_dot_product_attention(
+            q, k[sl], v[sl], key_lengths=np.clip(kl - a, 0, b - a), return_lse=True, **kw))
+    out, lse = attnx.merge_attention([p[0] for p in parts], [p[1] for p in parts], sinks=sinks,
+                                     **kw)
+    ref = attnx.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                          sinks=sinks, key_lengths=kl, **kw)
+    np.testing.assert_allclose(out, ref, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(out, whole, atol=2e-6, rtol=1e-5)
+    finite = np.isfinite(lse_whole)
+    assert np.array_equal(np.isfinite(lse), finite) and not finite[1].any()
+    np.testing.assert_allclose(lse[finite], lse_whole[finite], atol=2e-6, rtol=1e-6)
+    assert not out[1].any()
+
+
+def test_merge_attention_sinks_errors(rng):
+    o, l = attnx.scaled_dot_product_attention(*_qkv(rng), return_lse=True)
+    with pytest.raises(ValueError, match="sinks with shape \\(4,\\) does not broadcast"):
+        attnx.merge_attention([o], [l], sinks=np.zeros(4))
+    with pytest.raises(ValueError, match="sinks must be finite"):
+        attnx.merge_attention([o], [l], sinks=[0.0, np.nan, 1.0])
+
+
+# --------------------------------------------------------------------- edges
+
+def test_tiny_softcap_is_finite_or_refused(rng):
+    """softcap=1e-40 was accepted, and its float32 reciprocal is inf: NaN rows where
+    a score is 0 and NaN gradients. It is refused now, by attnx and the reference
+    alike; the smallest softcap with a finite reciprocal gives finite results."""
+    q, k, v = _qkv(rng)
+    q[0, 0, 0] = 0.0                                      # a row of zero scores
+    for f in (attnx.scaled_dot_product_attention, attnx.reference):
+        with pytest.raises(ValueError, match="softcap must be > 0 and finite in float32, "
+                                             "with a finite reciprocal.*got 1e-40"):
+            f(q, k, v, softcap=1e-40)
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, softcap=3e-39)
+    g = vjp(randn(rng, out.shape))
+    assert np.isfinite(out).all() and all(np.isfinite(getattr(g, n)).all()
+                                          for n in ("query", "key", "value"))
+    np.testing.assert_allclose(out, attnx.reference(q, k, v, softcap=3e-39), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("align", ["upper_left", "lower_right"])
+def test_alibi_slopes_whose_bias_overflows_are_refused(rng, align):
+    """Slopes of -1e38 over 32 keys: the float32 bias overflowed (NaN where the
+    float64 reference is finite). Refused by name; the largest allowed slope for
+    the lengths gives finite results equal to the reference."""
+    q, k, v = randn(rng, (1, 2, 4, 8)), randn(rng, (1, 2, 32, 8)), randn(rng, (1, 2, 32, 8))
+    for f in (attnx.scaled_dot_product_attention, attnx.reference):
+        with pytest.raises(ValueError, match="alibi_slopes: a slope of magnitude 1e\\+38 over "
+                                             "distances up to 31"):
+            f(q, k, v, alibi_slopes=[-1e38, 0.5], alignment=align)
+    ok = np.float32(np.finfo(np.float32).max / 2 / 31 * 0.99)
+    out = attnx.scaled_dot_product_attention(q, k, v, alibi_slopes=[-ok, ok], alignment=align)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, attnx.reference(q, k, v, alibi_slopes=[-ok, ok],
+                                                    alignment=align), atol=1e-5, rtol=1e-5)
+
+
+# -------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda q: attnx.scaled_dot_product_attention(q, q, q, window=(2 ** 63, 0)), ValueError,
+     r"window sides must be at most 2\*\*62.*window=\(9223372036854775808, 0\)"),
+    (lambda q: attnx.scaled_dot_product_attention(q, q, q, softcap=10 ** 400), ValueError,
+     r"softcap must be > 0 and finite.*got 1000"),
+    (lambda q: attnx.unpack(np.ones((3, 2)), [0, 3], max_len=6.7), TypeError,
+     "max_len must be a non-negative integer; got float 6.7"),
+    (lambda q: attnx.unpack(np.ones((3, 2)), [0, 3], max_len="9"), TypeError,
+     "max_len must be a non-negative integer; got str '9'"),
+    (lambda q: attnx.KVCache(1, 1, 4, 4, dtype=None), TypeError,
+     "dtype must be float32, float16 or bfloat16; got None"),
+    (lambda q: attnx.varlen_attention(q[0, 0, :3, None], q[0, 0, :3, None], q[0, 0, :3, None],
+                                      np.array([0, 2 ** 64 - 1, 3], np.uint64), [0, 1, 3]),
+     ValueError, "cu_seqlens_q holds 18446744073709551615"),
+])
+def test_errors_name_the_argument_and_the_value(rng, call, error, message):
+    with pytest.raises(error, match=message):
+        call(randn(rng, (1, 2, 4, 8)))
+
+
+def test_torch_numpy_array_argument_says_what_to_use(torch):
+    import attnx.torch as at
+    with pytest.raises(TypeError, match="query must be a torch.Tensor; got ndarray.*"
+                                        "attnx.scaled_dot_product_attention"):
+        at.scaled_dot_product_attention(np.zeros((1, 2, 5, 8), np.float32), torch.ones(1), None)
+
+
+def test_dask_unknown_chunk_sizes(rng):
+    da = pytest.importorskip("dask.array")
+    import attnx.dask as ad
+    x = da.from_array(randn(rng, (4, 2, 8, 16)), chunks=(2, 2, 8, 16))
+    y = x[x[:, 0, 0, 0] > 0]
+    with pytest.raises(ValueError, match=r"query has unknown chunk sizes.*"
+                                         r"query.compute_chunk_sizes\(\)"):
+        ad.scaled_dot_product_attention(y, y, y)
