@@ -131,3 +131,29 @@ def test_float_mask_backward_memory(rng, mshape):
         dout = randn(rng, out.shape)
         peaks[name] = _peak(lambda: vjp(dout))
     assert peaks["float"] <= peaks["bool"] + fmask.nbytes + 8 * 2**20, peaks
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_same_bits_however_the_batch_is_cut_into_calls(isa, rng, threads):
+    """A mask shared by a 2 x 3 batch and 4 heads: one call over the folded batch
+    sums it in a pass of its own (24 copies of 250 x 250 would pass 4 MiB), while
+    a dout whose first batch axis runs backwards cannot be folded and takes one
+    call per index of it, each summing into copies. Both add each (batch, key/value
+    head)'s sum into the gradient in the same order: the same bits (a fuzzer
+    finding)."""
+    q, k, v = (randn(rng, (2, 3, 4, 250, 8)) for _ in range(3))
+    mask = random_float_mask(rng, (250, 250))
+    out, lse = attnx.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True)
+    dout = randn(rng, out.shape)
+    backwards = np.flip(np.flip(dout, 0).copy(), 0)          # the same values, stride < 0
+    assert backwards.strides[0] < 0 and np.array_equal(backwards, dout)
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(threads)
+    try:
+        one = attnx.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=mask)
+        cut = attnx.scaled_dot_product_attention_backward(backwards, q, k, v, out, lse,
+                                                          attn_mask=mask)
+    finally:
+        attnx.set_num_threads(previous)
+    for name in ("attn_mask", "query", "key", "value"):
+        assert getattr(one, name).tobytes() == getattr(cut, name).tobytes(), name

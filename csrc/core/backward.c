@@ -29,8 +29,8 @@
 
 #include "core/core.h"
 
-/* Copies of the mask's gradient beyond the caller's may take this many floats
- * (4 MiB); more, and it gets a pass of its own. */
+/* The copies of the mask's gradient may take this many floats (4 MiB); more,
+ * and it gets a pass of its own. */
 #define MASK_COPIES_FLOATS ((size_t)1 << 20)
 /* Keys per chunk of the own pass's accumulator: (MASK_KEYS, BQ) floats a thread, 256 KiB. */
 #define MASK_KEYS 1024
@@ -42,9 +42,9 @@ typedef struct {
     mask_grad_mode mode;
     int64_t ext[4]; /* the gradient's extents (B, Hq, Lq, Lk, 1 along a summed axis) */
     int64_t by_b, by_hk, by_split; /* which items write separate copies (0/1 each) */
-    int64_t ncopies;               /* copies: the caller's array, then ncopies - 1 in `copies` */
+    int64_t ncopies;               /* copies in `copies`, 0 when dS goes to the caller's array */
     size_t size;                   /* floats of one copy: the product of ext */
-    float *copies;                 /* (ncopies - 1, ext...) C-contiguous, zeroed, or NULL */
+    float *copies;                 /* (ncopies, ext...) C-contiguous, zeroed, or NULL */
     float *acc;                    /* the own pass: (threads, MASK_KEYS, BQ), or NULL */
 } mask_grad_plan;
 
@@ -174,21 +174,26 @@ static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_
 
 /* ---- the mask's gradient ------------------------------------------------------ */
 
-/* Where item (b, hk, split) adds its dS during the main pass: the caller's
- * array (copy 0) or its own copy; 0 when the main pass adds none. */
+/* Where item (b, hk, split) adds its dS during the main pass: its copy
+ * (items that add into the same elements have copies of their own; the copies
+ * are added into the caller's array afterwards, in the order of (b, hk, split),
+ * which is also the order in which calls over consecutive batches add theirs:
+ * the bits do not depend on how the batch is cut into calls), or the caller's
+ * array when no element receives more than one term; 0 when the main pass
+ * adds none. */
 static int mask_grad_target(const bwd_job *bj, int64_t b, int64_t hk, int64_t split,
                             attnx_mask_grad *dm)
 {
     const mask_grad_plan *mg = &bj->mg;
     if (mg->mode != MASK_GRAD_IN_PASS) return 0;
+    *dm = bj->g->dmask;
+    if (!mg->copies) return 1;
     const int64_t c =
         ((mg->by_b ? b : 0) * (mg->by_hk ? bj->run.p->Hk : 1) + (mg->by_hk ? hk : 0)) *
             (mg->by_split ? bj->plan.nsplit : 1) +
         (mg->by_split ? split : 0);
-    *dm = bj->g->dmask;
-    if (c == 0) return 1;
     const int64_t *e = mg->ext; /* a copy is C-contiguous (ext...), 0 along summed axes */
-    dm->data = mg->copies + (size_t)(c - 1) * mg->size;
+    dm->data = mg->copies + (size_t)c * mg->size;
     dm->sk = bj->g->dmask.sk ? 1 : 0;
     dm->sq = bj->g->dmask.sq ? e[3] : 0;
     dm->sh = bj->g->dmask.sh ? e[2] * e[3] : 0;
@@ -208,57 +213,76 @@ static void mask_grad_merge(const bwd_job *bj)
             for (int64_t i = 0; i < e[2]; i++)
                 for (int64_t j = 0; j < e[3]; j++, r++) {
                     float *to = dm->data + b * dm->sb + h * dm->sh + i * dm->sq + j * dm->sk;
-                    for (int64_t c = 1; c < mg->ncopies; c++)
-                        *to += mg->copies[(size_t)(c - 1) * mg->size + r];
+                    for (int64_t c = 0; c < mg->ncopies; c++)
+                        *to += mg->copies[(size_t)c * mg->size + r];
                 }
 }
 
+/* The mask's own pass, one (b, hk) of an item: the group's heads h0 .. h1-1
+ * (those of the item's heads) over the query rows from i_from to i_to and the
+ * keys [c0, c1), each tile added into acc with add_mask_grad exactly as the
+ * main pass adds it into a copy, so that both ways give the same bits. */
+static void mask_pass_group(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_grad *acc,
+                            int64_t b, int64_t h0, int64_t h1, int64_t i_from, int64_t i_to,
+                            int64_t c0, int64_t c1)
+{
+    const attnx_problem *p = bj->run.p;
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t i0 = i_from; i0 < i_to; i0 += BQ) {
+            const head_bounds hb = bounds_of(p, b, h);
+            const int nq = rows_attending(&hb, i0, (int)min64(BQ, p->Lq - i0));
+            const int64_t j_from = max64(c0, keys_begin(&hb, i0)),
+                          j_to = min64(c1, keys_end(&hb, i0, nq));
+            if (nq == 0 || j_from >= j_to) continue;
+            bwd_start_block(bj, s, b, h, i0, nq);
+            for (int64_t j0 = j_from; j0 < j_to; j0 += BK) {
+                const int nk = (int)min64(BK, j_to - j0);
+                tile_ds(bj, s, b, h, i0, nq, j0, nk);
+                bj->run.kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec);
+                add_mask_grad(acc, s->dpt, 0, 0, i0 - i_from, nq, j0 - c0, nk);
+            }
+        }
+}
+
 /* Item i of the mask's own pass: the items are the gradient's (batch, head,
- * query block) along its axes that are not summed; each adds, in a fixed
- * order, every (b, h, i) that lands on its part. dS is summed over the heads
- * in dpt's transposed layout, (keys, BQ), a chunk of MASK_KEYS keys at a time
- * in the thread's accumulator (contiguous adds, in cache), then added into
- * the gradient once per chunk: the transposing add is paid once, not once a
- * head. */
+ * query block) along its axes that are not summed. Per chunk of MASK_KEYS keys
+ * and per (b, hk) in order, the group's dS are summed in the thread's zeroed
+ * accumulator (BQ rows x MASK_KEYS keys, one row or key where summed; in
+ * cache), then added into the caller's array: as the copies of the main pass. */
 static void mask_pass_item(void *arg, int tid, int64_t item)
 {
     const bwd_job *bj = arg;
     const bwd_scratch *s = &bj->scr[tid];
     const attnx_problem *p = bj->run.p;
     const attnx_mask_grad *dm = &bj->g->dmask;
-    float *acc = bj->mg.acc + (size_t)tid * MASK_KEYS * BQ; /* (MASK_KEYS, BQ) */
-    const int64_t nqb = dm->sq ? (p->Lq + BQ - 1) / BQ : 1;
+    const int64_t nqb = dm->sq ? (p->Lq + BQ - 1) / BQ : 1, group = bj->plan.group;
     const int64_t qb = item % nqb, bh = item / nqb, rh = bh % bj->mg.ext[1],
                   rb = bh / bj->mg.ext[1];
     const int64_t b0 = dm->sb ? rb : 0, b1 = dm->sb ? rb + 1 : p->B;
     const int64_t h0 = dm->sh ? rh : 0, h1 = dm->sh ? rh + 1 : p->Hq;
     const int64_t i_from = dm->sq ? qb * BQ : 0, i_to = dm->sq ? min64(p->Lq, i_from + BQ) : p->Lq;
-    for (int64_t i0 = i_from; i0 < i_to; i0 += BQ)
-        for (int64_t c0 = 0; c0 < p->Lk; c0 += MASK_KEYS) {
-            const int64_t c1 = min64(p->Lk, c0 + MASK_KEYS);
-            memset(acc, 0, sizeof(float) * (size_t)(c1 - c0) * BQ);
-            for (int64_t b = b0; b < b1; b++)
-                for (int64_t h = h0; h < h1; h++) {
-                    const head_bounds hb = bounds_of(p, b, h);
-                    const int nq = rows_attending(&hb, i0, (int)min64(BQ, p->Lq - i0));
-                    const int64_t j_to = min64(c1, keys_end(&hb, i0, nq));
-                    if (nq == 0 || max64(c0, keys_begin(&hb, i0)) >= j_to) continue;
-                    bwd_start_block(bj, s, b, h, i0, nq);
-                    for (int64_t j0 = max64(c0, keys_begin(&hb, i0)); j0 < j_to; j0 += BK) {
-                        const int nk = (int)min64(BK, j_to - j0);
-                        tile_ds(bj, s, b, h, i0, nq, j0, nk);
-                        bj->run.kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec);
-                        float *a = acc + (j0 - c0) * BQ;
-                        for (int j = 0; j < nk; j++)
-                            for (int i = 0; i < nq; i++) a[j * BQ + i] += s->dpt[j * BQ + i];
-                    }
-                }
-            add_mask_grad(dm, acc, b0, h0, i0, (int)min64(BQ, p->Lq - i0), c0, (int)(c1 - c0));
-        }
+    const int64_t keys = dm->sk ? MASK_KEYS : p->Lk, rows = dm->sq ? i_to - i_from : 1;
+    for (int64_t c0 = 0; c0 < p->Lk; c0 += keys) {
+        const int64_t c1 = min64(p->Lk, c0 + keys), width = dm->sk ? c1 - c0 : 1;
+        const attnx_mask_grad acc = {.data = bj->mg.acc + (size_t)tid * MASK_KEYS * BQ,
+                                     .sq = dm->sq ? width : 0,
+                                     .sk = dm->sk ? 1 : 0}; /* (rows, width), C-contiguous */
+        for (int64_t b = b0; b < b1; b++)
+            for (int64_t hk = h0 / group; hk * group < h1; hk++) {
+                memset(acc.data, 0, sizeof(float) * (size_t)(rows * width));
+                mask_pass_group(bj, s, &acc, b, max64(h0, hk * group), min64(h1, (hk + 1) * group),
+                                i_from, i_to, c0, c1);
+                float *to = dm->data + b * dm->sb + h0 * dm->sh + i_from * dm->sq + c0 * dm->sk;
+                for (int64_t i = 0; i < rows; i++)
+                    for (int64_t j = 0; j < width; j++)
+                        to[i * dm->sq + j * dm->sk] += acc.data[i * acc.sq + j * acc.sk];
+            }
+    }
 }
 
-/* How the mask's gradient is summed: in the main pass (with copies for items
- * that share elements, if they are small) or in a pass of its own. */
+/* How the mask's gradient is summed: directly when no element of it receives
+ * more than one term; else in the main pass into copies (if they are small),
+ * or in a pass of its own. */
 static void plan_mask_grad(bwd_job *bj)
 {
     const attnx_problem *p = bj->run.p;
@@ -268,19 +292,21 @@ static void plan_mask_grad(bwd_job *bj)
     if (!dm->data || p->Lq == 0 || p->Lk == 0) return;
     const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
     const int64_t strides[4] = {dm->sb, dm->sh, dm->sq, dm->sk};
+    int summed = 0;
     mg->size = 1;
     for (int a = 0; a < 4; a++) {
         mg->ext[a] = strides[a] ? full[a] : 1;
         mg->size *= (size_t)mg->ext[a]; /* no overflow: at most the caller's array */
+        summed |= strides[a] == 0 && full[a] > 1;
     }
+    mg->mode = MASK_GRAD_IN_PASS;
+    if (!summed) return; /* each element one term: added directly */
     mg->by_b = dm->sb == 0 && p->B > 1;
     mg->by_hk = dm->sh == 0 && p->Hk > 1;
     mg->by_split = dm->sk == 0 && bj->plan.nsplit > 1;
     mg->ncopies =
         (mg->by_b ? p->B : 1) * (mg->by_hk ? p->Hk : 1) * (mg->by_split ? bj->plan.nsplit : 1);
-    const size_t extra = (size_t)(mg->ncopies - 1);
-    mg->mode = extra == 0 || mg->size <= MASK_COPIES_FLOATS / extra ? MASK_GRAD_IN_PASS
-                                                                    : MASK_GRAD_OWN_PASS;
+    if (mg->size > MASK_COPIES_FLOATS / (size_t)mg->ncopies) mg->mode = MASK_GRAD_OWN_PASS;
 }
 
 /* Item i: the keys [kbeg, kstop) of key/value head (b, hk), against every
@@ -344,8 +370,8 @@ static attnx_status alloc_scratch(bwd_job *bj)
     const int nt = bj->plan.threads;
     if (bj->plan.partial && !(bj->partial = attnx_alloc_floats(bj->plan.partial)))
         return ATTNX_ERR_NOMEM;
-    if (bj->mg.mode == MASK_GRAD_IN_PASS && bj->mg.ncopies > 1) {
-        const size_t n = (size_t)(bj->mg.ncopies - 1) * bj->mg.size; /* <= MASK_COPIES_FLOATS */
+    if (bj->mg.mode == MASK_GRAD_IN_PASS && bj->mg.ncopies > 0) {
+        const size_t n = (size_t)bj->mg.ncopies * bj->mg.size; /* <= MASK_COPIES_FLOATS */
         if (!(bj->mg.copies = attnx_alloc_floats(n))) {
             free_scratch(bj, 0);
             return ATTNX_ERR_NOMEM;

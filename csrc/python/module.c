@@ -442,7 +442,7 @@ static int fill_mask_grad(attnx_grad_problem *g, PyObject *dmask)
         return 0;
     }
     npy_intp expect = PyArray_ITEMSIZE(a); /* the stride of the next axis not summed */
-    for (int i = 3; i >= 0; i--) {
+    for (int i = 3; i >= 0 && PyArray_SIZE(a) != 0; i--) { /* empty: never written */
         const npy_intp st = PyArray_STRIDE(a, i);
         if (st != 0 && full[i] > 1 && st != expect) {
             PyErr_Format(PyExc_ValueError,

@@ -580,6 +580,52 @@ def mode_backward(dec, rng, T):
             a, b = getattr(grads, name), getattr(expected, name)
             if a is not None:
                 assert_same(a, b, f"backward: grads.{name} against the vjp")
+    if dec.chance(4):                          # (read last: older files decode to none of it)
+        vjp_after_inplace(dec, rng, T, q, k, v, kw, dout)
+
+
+def vjp_after_inplace(dec, rng, T, q, k, v, kw, dout):
+    """Issue 18: between the forward and the vjp, the returned output or an input
+    is modified in place. The output's change is harmless (the vjp keeps its
+    own copy): the same gradients, bit for bit. An input's raises RuntimeError
+    naming it (the vjp keeps a reference and a fingerprint)."""
+    import attnx
+
+    arrays = {"query": np.array(q), "key": np.array(k), "value": np.array(v)}
+    m = kw.get("attn_mask")
+    kw = dict(kw)
+    if isinstance(m, np.ndarray):
+        kw["attn_mask"] = arrays["attn_mask"] = np.array(m)
+    out, vjp = attnx.scaled_dot_product_attention_vjp(arrays["query"], arrays["key"],
+                                                      arrays["value"], **kw)
+    g0 = vjp(dout)
+    name = dec.pick(("out",) + tuple(arrays))
+    x = out if name == "out" else arrays[name]
+    if x.size == 0:
+        return
+    i = int(rng.integers(x.size))
+    flat = x.reshape(-1) if x.flags.c_contiguous else None
+    if flat is None:
+        return
+    if x.dtype == np.bool_:
+        flat[i] = not flat[i]
+    else:
+        flat[i] = 1.0 if not np.isfinite(flat[i]) or flat[i] == 0 else -2.0 * flat[i]
+    T(f"  vjp after {name}.flat[{i}] was modified in place")
+    STATS["vjp after an in-place change"] += 1
+    if name == "out":
+        g1 = vjp(dout)
+        for n in ("query", "key", "value", "attn_mask", "sinks"):
+            a, b = getattr(g1, n), getattr(g0, n)
+            if a is not None:
+                assert_same(a, b, f"vjp after out was modified: grads.{n}")
+        return
+    try:
+        vjp(dout)
+    except RuntimeError as exc:
+        assert f"{name} was modified in place" in str(exc), f"vjp after {name} changed: {exc}"
+        return
+    raise AssertionError(f"vjp after {name} was modified in place returned gradients")
 
 
 # --------------------------------------------------------------------- merge
@@ -735,6 +781,28 @@ def merge_chunks(dec, rng, T):
         close(lse, l_all, "merge: lse against attention over all keys", 2e-5, 2e-5)
         STATS["merge compared with attention over all keys"] += 1
         T("  merge compared with attention over all keys")
+    if dec.chance(3):                          # (read last: older files decode to none of it)
+        merge_sinks(rng, T, q, k, v, kw, orig[:S], orig[S:], layout, nd, merge_layout)
+
+
+def merge_sinks(rng, T, q, k, v, kw, outs, lses, layout, nd, merge_layout):
+    """The parts (computed without sinks) merged with sinks=: attention over all
+    the keys with the sinks, each sink counted once (issue 18)."""
+    import attnx
+
+    H = (q.shape[-3] if layout == "bhld" else q.shape[-2]) if nd >= 3 else None
+    sinks = f32(rng.standard_normal(H) if H is not None else rng.standard_normal())
+    T(f"merge_attention(parts without sinks, sinks={show(sinks)}, layout={merge_layout!r})")
+    ok, (o_s, l_s) = attempt(T, "merge: all keys with sinks", lambda: attnx.scaled_dot_product_attention(
+        q, k, v, return_lse=True, sinks=sinks, **kw), ())
+    out, lse = attnx.merge_attention(outs, lses, sinks=sinks, layout=merge_layout)
+    assert out.dtype == np.float32 and out.shape == o_s.shape and lse.shape == l_s.shape, \
+        f"merge with sinks: out {out.shape}, lse {lse.shape}; expected {o_s.shape}, {l_s.shape}"
+    assert np.array_equal(np.isneginf(lse), np.isneginf(l_s)), "merge with sinks: the empty rows"
+    if finite_small(q, k, v):
+        close(out, o_s, "merge with sinks: out against attention over all keys", 2e-5, 2e-5)
+        close(lse, l_s, "merge with sinks: lse against attention over all keys", 2e-5, 2e-5)
+        STATS["merge with sinks compared with attention over all keys"] += 1
 
 
 def merge_arbitrary(dec, rng, T):

@@ -373,6 +373,7 @@ def build(data: bytes):
 
 WINDOW_SIDES = (None, -1, 0, 1, 2, 5, 40, -2, 1.5, 2**62)
 SOFTCAPS = (30.0, 1.0, 0.25, 0.0, -1.0, float("nan"), float("inf"), "1", 1e39)
+TINY_SOFTCAPS = (1e-40, 2.9e-39, 2.94e-39, 3e-39, 1e-38)
 ALIGNMENTS = ("upper_left", "lower_right", None, "middle")
 
 
@@ -405,6 +406,8 @@ def add_variants(dec: Decoder, rng, kwargs, Hq: int) -> None:
         kwargs["sinks"] = per_head_values(dec, rng, Hq, "sinks")
     if dec.chance(4):
         kwargs["alignment"] = dec.pick(ALIGNMENTS)
+    if dec.chance(8):        # around the smallest softcap with a finite float32 reciprocal
+        kwargs["softcap"] = dec.pick(TINY_SOFTCAPS)
 
 
 # --------------------------------------------------------------- checking
@@ -448,6 +451,33 @@ def _close(actual, expected, what, atol=None, rtol=None):
         i = int(np.argmax(err - tol))
         raise AssertionError(f"{what}: {int(np.sum(err > tol))} element(s) outside atol={ATOL_}, "
                              f"rtol={RTOL_}; worst |diff| {err[i]:.3g} (reference {e[fin][i]!r})")
+
+
+def _must_refuse(args, kwargs):
+    """Issue 18's rules, None or what the call must refuse: a softcap whose float32
+    reciprocal is infinite (0 * inf is NaN), ALiBi slopes whose bias |slope| *
+    max |d(i) - j| passes half of float32's range for these lengths."""
+    c = kwargs.get("softcap")
+    if isinstance(c, float) and 0 < c and np.isfinite(np.float32(c)) and np.float32(c) > 0:
+        with np.errstate(over="ignore", divide="ignore"):
+            if not np.isfinite(np.float32(1) / np.float32(c)):
+                return f"softcap={c!r}: its float32 reciprocal is infinite"
+    s = kwargs.get("alibi_slopes")
+    try:
+        q, k = np.asarray(args[0]), np.asarray(args[1])
+        slopes = np.asarray(s, dtype=np.float64)
+    except Exception:
+        return None
+    if s is None or q.ndim < 2 or k.ndim < 2 or not np.isfinite(slopes).all() or not slopes.size:
+        return None
+    blhd = kwargs.get("layout") == "blhd" and q.ndim >= 3
+    Lq, Lk = (q.shape[-3], k.shape[-3]) if blhd else (q.shape[-2], k.shape[-2])
+    lower = kwargs.get("alignment") == "lower_right" or args[5] == "lower_right"
+    off = Lk - Lq if lower else 0
+    dist = max(Lq - 1 + off, Lk - 1 - off, 0) if Lq and Lk else 0
+    if np.abs(slopes).max() * dist > float(np.finfo(np.float32).max) / 2:
+        return f"alibi_slopes up to {np.abs(slopes).max():g} over distances up to {dist}"
+    return None
 
 
 def _modest_variants(kwargs) -> bool:
@@ -519,6 +549,8 @@ def run_one(data: bytes, tolerate_known: bool = False) -> None:
                     return
                 raise
             STATS["returned"] += 1
+            refuse = _must_refuse(args, kwargs)
+            assert refuse is None, f"accepted {refuse}"
             q, k, v, mask = args[:4]
             need_weights = kwargs["need_weights"]
             layout = kwargs.get("layout", "bhld")
@@ -542,6 +574,10 @@ def run_one(data: bytes, tolerate_known: bool = False) -> None:
             small_scale = scale is None or (isinstance(scale, (int, float, np.floating))
                                             and not isinstance(scale, bool) and abs(scale) <= 2)
             size = np.asarray(q).size + np.asarray(k).size + np.asarray(v).size
+            if small_scale and _finite_small(q, k, v) and _finite_small(mask, neginf_ok=True):
+                # finite inputs never give NaN (any sinks, slopes and softcap accepted)
+                assert not np.isnan(out).any(), "out: NaN from finite inputs"
+                assert w is None or not np.isnan(w).any(), "weights: NaN from finite inputs"
             if small_scale and size <= 20_000 and _finite_small(q, k, v) and \
                     _finite_small(mask, neginf_ok=True) and _modest_variants(kwargs):
                 STATS["compared with reference"] += 1
