@@ -195,6 +195,10 @@ const char *attnx_strerror(attnx_status status);
  * modified in place between a forward and its vjp. */
 uint64_t attnx_fingerprint(uint64_t seed, const void *data, size_t nbytes);
 
+/* Another 64-bit fingerprint of nbytes contiguous bytes, computed on the
+ * thread pool in fixed chunks (the same value whatever the thread count). */
+uint64_t attnx_fingerprint_parallel(const void *data, size_t nbytes);
+
 /* Instruction sets: chosen once from cpuid, overridable by the environment
  * variable ATTNX_ISA=scalar|avx2|avx512|neon or attnx_set_isa(). */
 const char *attnx_isa_name(void);          /* the one in use */

@@ -579,6 +579,14 @@ static PyObject *py_fingerprint(PyObject *self, PyObject *arg)
     PyArrayObject *a = (PyArrayObject *)arg;
     uint64_t h = (uint64_t)PyArray_SIZE(a);
     if (PyArray_SIZE(a) == 0) return PyLong_FromUnsignedLongLong(h);
+    if (PyArray_IS_C_CONTIGUOUS(a)) { /* the common case: in chunks, on the pool */
+        const size_t nbytes = (size_t)PyArray_NBYTES(a);
+        const void *data = PyArray_DATA(a);
+        Py_BEGIN_ALLOW_THREADS
+            h = attnx_fingerprint_parallel(data, nbytes);
+        Py_END_ALLOW_THREADS
+        return PyLong_FromUnsignedLongLong(h);
+    }
     NpyIter *it = NpyIter_New(a, NPY_ITER_READONLY | NPY_ITER_EXTERNAL_LOOP | NPY_ITER_REFS_OK,
                               NPY_KEEPORDER, NPY_NO_CASTING, NULL);
     if (!it) return NULL;

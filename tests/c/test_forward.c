@@ -379,6 +379,40 @@ static int64_t float_order(float x)
     return i < 0 ? (int64_t)INT32_MIN - i : i;
 }
 
+/* The fingerprints: every single-bit change of a buffer changes them, and the
+ * pooled one does not depend on the thread count. */
+static void check_fingerprint(void)
+{
+    enum { N = 3 << 20 }; /* several of the pooled version's chunks */
+    unsigned char *buf = malloc(N);
+    for (size_t i = 0; i < N; i++) buf[i] = (unsigned char)(i * 2654435761u >> 13);
+    const uint64_t h = attnx_fingerprint(0, buf, 1000), hp = attnx_fingerprint_parallel(buf, N);
+    int ok = 1;
+    for (int bit = 0; bit < 8 * 1000; bit += 7) {
+        buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        ok &= attnx_fingerprint(0, buf, 1000) != h;
+        buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+    }
+    for (size_t at = 0; at < N; at += N / 37) {
+        buf[at] ^= 1;
+        ok &= attnx_fingerprint_parallel(buf, N) != hp;
+        buf[at] ^= 1;
+    }
+    for (int nt = 1; nt <= 3; nt++) {
+        attnx_set_num_threads(nt);
+        ok &= attnx_fingerprint_parallel(buf, N) == hp;
+    }
+    attnx_set_num_threads(0);
+    ok &= attnx_fingerprint(0, buf, 1000) == h && attnx_fingerprint(1, buf, 1000) != h;
+    if (ok) {
+        passed++;
+    } else {
+        failed++;
+        printf("FAIL fingerprint: a change went unseen, or the thread count changed it\n");
+    }
+    free(buf);
+}
+
 static void check_exp(void)
 {
     int64_t worst = 0;
@@ -411,6 +445,7 @@ int main(int argc, char **argv)
     printf("attnx core test: default ISA %s, %d random cases\n", attnx_isa_name(), n);
     check_errors();
     check_exp();
+    check_fingerprint();
     for (int t = 0; t < n; t++) run_case(t);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
