@@ -177,23 +177,28 @@ class _Bench:
 
     def case(self, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, *,
              causal: bool = False, mask: Optional[NDArray[Any]] = None, layout: str = "bhld",
-             need_weights: bool = False, numpy: bool = False, threads: Optional[int] = None) -> Row:
+             need_weights: bool = False, numpy: bool = False, threads: Optional[int] = None,
+             bfloat16: bool = False) -> Row:
         """One row: attnx, torch's SDPA (unless need_weights) and, with ``numpy``,
-        the tutorial NumPy code, on the same inputs and threads."""
+        the tutorial NumPy code, on the same inputs and threads (``bfloat16``:
+        ml_dtypes arrays for attnx, bfloat16 tensors for torch)."""
         attnx, torch, F = self.attnx, self.torch, self.F
         nt = threads or self.threads
         attnx.set_num_threads(nt)
         if torch:
             torch.set_num_threads(nt)
         q, k, v = _inputs(B, Hq, Hk, Lq, Lk, D, layout)
+        aq, ak, av = (q, k, v) if not bfloat16 else (torch.from_numpy(x).bfloat16() for x in (q, k, v))
         gqa = Hq != Hk
         lay = "blhd" if layout == "blhd" else "bhld"
         fns: List[Callable[[], object]] = [lambda: attnx.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=lay,
+            aq, ak, av, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=lay,
             need_weights=need_weights)]
         names = ["attnx"]
         if torch and not need_weights:
             tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+            if bfloat16:
+                tq, tk, tv = (x.bfloat16() for x in (tq, tk, tv))
             if layout == "blhd":   # torch wants (B, H, L, D): a transposed view, as its users pass it
                 tq, tk, tv = (x.transpose(1, 2) for x in (tq, tk, tv))
             tm = torch.from_numpy(mask) if mask is not None else None
@@ -434,13 +439,16 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
-    def transformers_decoder(self, L: int, new_tokens: int) -> List[Row]:
-        """A small Llama-style decoder (random weights, 4 layers, d_model 512, 8
-        query heads, 2 key/value heads) with attn_implementation "attnx",
-        "sdpa" and "eager": the prefill of L tokens, and the time per token of
-        greedy decoding: generate() of new_tokens tokens minus generate() of
-        one, over new_tokens - 1 (both timed the same way, interleaved, so the
-        prefill cancels; subtracting a separately timed forward did not)."""
+    def transformers_decoder(self, L: int, new_tokens: int, dtype: str = "float32",
+                             small: bool = True) -> List[Row]:
+        """A Llama-style decoder with random weights, in ``dtype``, with
+        attn_implementation "attnx", "sdpa" and "eager": the prefill of L
+        tokens, and the time per token of greedy decoding: generate() of
+        new_tokens tokens minus generate() of one, over new_tokens - 1 (both
+        timed the same way, interleaved, so the prefill cancels; subtracting a
+        separately timed forward did not). ``small``: 4 layers, d_model 512, 8
+        query and 2 key/value heads; else SmolLM-135M's shape (30 layers,
+        hidden 576, 9 query and 3 key/value heads of 64, vocabulary 49152)."""
         torch = self.torch
         try:
             import transformers
@@ -450,17 +458,21 @@ class _Bench:
         hf.register()
         torch.set_num_threads(self.threads)
         self.attnx.set_num_threads(self.threads)
-        config = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1376,
-                                          num_hidden_layers=4, num_attention_heads=8,
-                                          num_key_value_heads=2, max_position_embeddings=4096)
+        shape = (dict(vocab_size=1000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2) if small else
+                 dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                      tie_word_embeddings=True))
+        config = transformers.LlamaConfig(max_position_embeddings=8192, **shape)
         models = {}
         for impl in ("attnx", "sdpa", "eager"):
             torch.manual_seed(0)
             m: Any = transformers.LlamaForCausalLM(config.__class__(**config.to_dict()))
             m.eval()
             m.set_attn_implementation(impl)
-            models[impl] = m
-        ids = torch.randint(0, 1000, (1, L), generator=torch.Generator().manual_seed(0))
+            models[impl] = m.to(getattr(torch, dtype))
+        ids = torch.randint(0, shape["vocab_size"], (1, L),
+                            generator=torch.Generator().manual_seed(0))
 
         def prefill(m: Any) -> Callable[[], object]:
             def run() -> object:
@@ -479,7 +491,8 @@ class _Bench:
                      for i, n in enumerate(names)}
         rows: List[Row] = []
         for what, times in (("prefill", t_pre), ("decode, per token", per_token)):
-            row: Row = {"case": f"Llama-style decoder {what}, L={L}", "threads": self.threads,
+            kind = "Llama-style decoder" if small else "SmolLM-135M-shaped decoder"
+            row: Row = {"case": f"{kind} {dtype} {what}, L={L}", "threads": self.threads,
                         "attnx_s": times["attnx"], "sdpa_s": times["sdpa"],
                         "eager_s": times["eager"], "vs_torch": times["sdpa"] / times["attnx"],
                         "note": f"attnx {1e3 * times['attnx']:.1f} ms, sdpa "
@@ -602,7 +615,9 @@ def run(args: argparse.Namespace) -> int:
                            causal=True))
     rows.append(b.mha_step(8, 256, 512, 8))
     if b.torch:
-        rows.extend(b.transformers_decoder(256 if b.quick else 1024, 9 if b.quick else 33))
+        for dtype in ("float32", "bfloat16"):
+            rows.extend(b.transformers_decoder(256 if b.quick else 1024, 9 if b.quick else 17,
+                                               dtype, small=b.quick))
     if not b.quick:
         rows.append(b.backward_memory(16384, 8, 64))
     Lm = 1024 if b.quick else 3072
@@ -642,6 +657,9 @@ def run(args: argparse.Namespace) -> int:
     rows.append(b.case(f"sweep L={L} D={D} causal + padding", 2, 8, 8, L, L, D, mask=pad, causal=True))
     rows.append(b.case(f"sweep L={L} D={D} GQA Hq=8 Hk=2", 1, 8, 2, L, L, D))
     rows.append(b.case(f"sweep L={L} D={D} layout blhd", 1, 8, 8, L, L, D, layout="blhd"))
+    if b.torch:
+        rows.append(b.case(f"sweep L={L} D={D} bfloat16 (torch bfloat16)", 1, 8, 8, L, L, D,
+                           bfloat16=True))
     slower = [r["case"] for r in rows if r.get("vs_torch") is not None and r["vs_torch"] < 1.0]
     if not b.json:
         print(f"rows slower than torch: {len(slower)}" + (": " + "; ".join(slower) if slower else ""))
