@@ -157,3 +157,16 @@ def test_same_bits_however_the_batch_is_cut_into_calls(isa, rng, threads):
         attnx.set_num_threads(previous)
     for name in ("attn_mask", "query", "key", "value"):
         assert getattr(one, name).tobytes() == getattr(cut, name).tobytes(), name
+
+
+@pytest.mark.parametrize("mshape", [(4, 0, 1, 1), (4, 1, 1, 1), (1,)])
+def test_no_query_heads(isa, rng, mshape):
+    """Hq = 0 (a multiple of any head count) with a float mask summed over heads: no
+    score, nothing written (ASan under the fuzzer found the merge writing one
+    element of an empty gradient)."""
+    q, k, v = randn(rng, (4, 0, 1, 5)), randn(rng, (4, 3, 1, 5)), randn(rng, (4, 3, 1, 0))
+    mask = randn(rng, mshape)
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, attn_mask=mask, enable_gqa=True)
+    g = vjp(randn(rng, out.shape))
+    assert g.attn_mask.shape == mshape and not g.attn_mask.any()
+    assert g.key.shape == k.shape and not g.key.any()

@@ -289,7 +289,9 @@ static void plan_mask_grad(bwd_job *bj)
     const attnx_mask_grad *dm = &bj->g->dmask;
     mask_grad_plan *mg = &bj->mg;
     memset(mg, 0, sizeof *mg);
-    if (!dm->data || p->Lq == 0 || p->Lk == 0) return;
+    /* no score, no gradient to write (its array may be empty: a fuzz finding,
+     * Hq = 0 with a summed head axis had the merge write one element) */
+    if (!dm->data || p->B == 0 || p->Hq == 0 || p->Lq == 0 || p->Lk == 0) return;
     const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
     const int64_t strides[4] = {dm->sb, dm->sh, dm->sq, dm->sk};
     int summed = 0;
