@@ -58,16 +58,25 @@ def is_bfloat16(dtype: np.dtype[Any]) -> bool:
     return dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16"
 
 
+#: ml_dtypes' bfloat16 dtype once imported (looked up again while it is missing)
+_ML_BFLOAT16: Any = None
+
+
 def bfloat16_view(bits: NDArray[np.uint16]) -> NDArray[Any]:
     """bfloat16 values given as their uint16 bits: a view of dtype
     ``ml_dtypes.bfloat16`` when ml_dtypes is installed (imported here, at the
     first bfloat16 tensor, never by ``import attnx``), else their float32 values
     (exact: the bits are the top half of the float's)."""
-    try:
-        import ml_dtypes
-    except ImportError:
+    global _ML_BFLOAT16
+    if not isinstance(_ML_BFLOAT16, np.dtype) or sys.modules.get("ml_dtypes") is None:
+        try:
+            import ml_dtypes
+            _ML_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+        except ImportError:
+            _ML_BFLOAT16 = False
+    if _ML_BFLOAT16 is False:
         return (bits.astype(np.uint32) << 16).view(np.float32)
-    return bits.view(ml_dtypes.bfloat16)
+    return bits.view(_ML_BFLOAT16)
 
 
 def torch_bfloat16(x: object) -> Optional[NDArray[Any]]:
