@@ -18,12 +18,15 @@
  *
  * A float mask's gradient is summed along the axes the mask is broadcast
  * over (stride 0 in g->dmask) where dS is computed: no (B, Hq, Lq, Lk) array.
- * Items that would add into the same elements (other batches, other key/value
- * heads, other key ranges along a summed axis) each write their own copy,
- * the copies summed afterwards in a fixed order; when those copies would
- * take more than MASK_COPIES_FLOATS, dS is instead recomputed in a pass of
- * its own whose items own disjoint parts of the gradient (mask_pass_item:
- * two of the five products again, no memory). */
+ * Where an element receives several terms, each item sums its terms into a
+ * zeroed copy of its own (items of other batches, key/value heads or key
+ * ranges have other copies), and the copies are added into the gradient in
+ * (batch, key/value head, key range) order; when the copies would take more
+ * than MASK_COPIES_FLOATS, dS is recomputed in a pass of its own whose items
+ * own disjoint parts of the gradient (mask_pass_item: two of the five
+ * products again, 256 KiB a thread), summed and added in the same groups and
+ * order. Either way, and however the caller cuts the batch into calls, the
+ * same bits. */
 #include <stdlib.h>
 #include <string.h>
 
