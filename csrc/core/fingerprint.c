@@ -58,6 +58,7 @@ uint64_t attnx_fingerprint(uint64_t seed, const void *data, size_t nbytes)
  * (on any thread), the chunks' values then fingerprinted in order: the result
  * depends on the bytes only, never on the thread count. */
 #define FP_CHUNK ((size_t)1 << 18)
+#define FP_POOLED ((size_t)64 << 20)
 
 typedef struct {
     const unsigned char *data;
@@ -76,11 +77,14 @@ static void fp_chunk(void *arg, int tid, int64_t i)
 uint64_t attnx_fingerprint_parallel(const void *data, size_t nbytes)
 {
     const size_t chunks = (nbytes + FP_CHUNK - 1) / FP_CHUNK;
-    if (chunks < 2) return attnx_fingerprint(0, data, nbytes);
     uint64_t *parts = malloc(chunks * sizeof *parts);
     if (!parts) return attnx_fingerprint(0, data, nbytes) ^ 1; /* another, fixed, value */
     fp_job job = {.data = data, .nbytes = nbytes, .parts = parts};
-    const int nt = attnx_get_num_threads();
+    /* the pool only for arrays worth waking it (FP_POOLED): right after a
+     * NumPy matmul, OpenBLAS's threads still spin, and a short section on two
+     * vCPUs waited for a descheduled worker (MultiHeadAttention.vjp's six
+     * fingerprints of 4 MiB made its step several times slower) */
+    const int nt = nbytes >= FP_POOLED ? attnx_get_num_threads() : 1;
     attnx_parallel_items(nt < (int64_t)chunks ? nt : (int)chunks, (int64_t)chunks, fp_chunk, &job);
     const uint64_t h = attnx_fingerprint(nbytes, parts, chunks * sizeof *parts);
     free(parts);

@@ -383,7 +383,7 @@ static int64_t float_order(float x)
  * pooled one does not depend on the thread count. */
 static void check_fingerprint(void)
 {
-    enum { N = 3 << 20 }; /* several of the pooled version's chunks */
+    enum { N = (64 << 20) + 1 }; /* enough for the pool (FP_POOLED), and a partial chunk */
     unsigned char *buf = malloc(N);
     for (size_t i = 0; i < N; i++) buf[i] = (unsigned char)(i * 2654435761u >> 13);
     const uint64_t h = attnx_fingerprint(0, buf, 1000), hp = attnx_fingerprint_parallel(buf, N);
@@ -393,7 +393,7 @@ static void check_fingerprint(void)
         ok &= attnx_fingerprint(0, buf, 1000) != h;
         buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
     }
-    for (size_t at = 0; at < N; at += N / 37) {
+    for (size_t at = 0; at < N; at += N / 5) {
         buf[at] ^= 1;
         ok &= attnx_fingerprint_parallel(buf, N) != hp;
         buf[at] ^= 1;
