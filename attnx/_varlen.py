@@ -80,10 +80,13 @@ class _Packed:
         self.sinks = _per_sequence(sinks, "sinks", self.n)
         self.slopes = _per_sequence(alibi_slopes, "alibi_slopes", self.n)
         self.sinks_given = None if sinks is None else as_array(sinks, "sinks")
-        # Every shared check once, on the whole packed arrays: a batch with no
-        # sequence (or none with queries) is checked as one with many.
-        attention_args(self.q[None], self.k[None], self.v[None], layout="blhd", **opts,
-                       sinks=self.sinks(0), alibi_slopes=self.slopes(0))
+        # Every shared check once: a batch with no sequence (or none with
+        # queries) is checked as one with many. On zero-row views of the packed
+        # arrays (heads and widths, no lengths): what depends on a sequence's
+        # lengths (ALiBi's bias range) is checked per sequence, where it is
+        # computed, not against the packed totals.
+        attention_args(self.q[None, :0], self.k[None, :0], self.v[None, :0], layout="blhd",
+                       **opts, sinks=self.sinks(0), alibi_slopes=self.slopes(0))
 
     def views(self, i: int) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
         """Sequence i's (1, L, H, E) views of q, k, v."""

@@ -346,3 +346,17 @@ def test_dask_unknown_chunk_sizes(rng):
     with pytest.raises(ValueError, match=r"query has unknown chunk sizes.*"
                                          r"query.compute_chunk_sizes\(\)"):
         ad.scaled_dot_product_attention(y, y, y)
+
+
+def test_varlen_checks_alibi_range_per_sequence(rng):
+    """The ALiBi range follows each sequence's own lengths, not the packed totals:
+    slopes fine for two 40-token sequences (80 tokens packed) are accepted, and
+    refused for a sequence long enough to overflow."""
+    q, k, v = (randn(rng, (80, 2, 8)) for _ in range(3))
+    slope = np.float32(np.finfo(np.float32).max / 2 / 60)    # fine up to 61 tokens
+    cu = np.array([0, 40, 80])
+    out = attnx.varlen_attention(q, k, v, cu, cu, alibi_slopes=[slope, 0.0])
+    assert np.isfinite(out).all()
+    with pytest.raises(ValueError, match="alibi_slopes: a slope of magnitude"):
+        attnx.varlen_attention(q, k, v, np.array([0, 80]), np.array([0, 80]),
+                               alibi_slopes=[slope, 0.0])
