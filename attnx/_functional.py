@@ -313,53 +313,12 @@ def scaled_dot_product_attention(
     weights = np.empty(p.scores_shape, np.float32) if need_weights else None
     lse = np.empty(out_shape[:-1], np.float32) if return_lse else None
     out_view, lse_view = p.core_view(out), None if lse is None else lse[..., None]
-    packed = None if need_weights else _decode_groups(p, out_view, lse_view)
-    if packed is not None:
-        p, out_view, lse_view = packed
     for c in _core_calls(p, out_view, weights, lse_view):
         _attnx.forward(c.q, c.k, c.v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
                        p.causal, p.scale, c.lse, c.variant, CALL_THREADS.get())
     if weights is None and lse is None:
         return out
     return cast(_Result, p.results(out, weights, lse))
-
-
-def _decode_groups(p: AttentionArgs, out: NDArray[Any], lse: Optional[NDArray[Any]]) -> Optional[
-        Tuple[AttentionArgs, NDArray[Any], Optional[NDArray[Any]]]]:
-    """Grouped-query decoding (one query per head, several query heads per key/value
-    head) as one problem per key/value head whose rows are its group's queries,
-    so that each key and value is read once instead of once per query head (as
-    transformers' ``pack_gqa``). Only where every row of a group sees the same
-    keys with the same scores' steps: no mask, no query lengths, no per-head
-    variant, equal key lengths in a group, and no causal blocking (one query,
-    no causal or lower-right: every key). The same bits as the unpacked call.
-    Returns the packed arguments and views of out (batch..., Hk, group, Ev) and
-    lse (batch..., Hk, group, 1), or None."""
-    Hq, Lq, E = p.q.shape[-3:]
-    Hk = p.k.shape[-3]
-    va = p.variants
-    if (Lq != 1 or Hk == Hq or Hk == 0 or Hq == 0 or p.mask is not None
-            or p.query_lengths is not None
-            or p.causal == CAUSAL[True] or va.window is not None or va.alibi is not None
-            or va.sinks is not None):
-        return None
-    group = Hq // Hk
-    kl = p.key_lengths
-    if kl is not None:
-        grouped = kl.reshape(kl.shape[0], Hk, group)
-        if not (grouped == grouped[..., :1]).all():
-            return None
-        kl = np.ascontiguousarray(grouped[..., 0])
-    lead = p.q.shape[:-3]
-    q = p.q.reshape(lead + (Hk, group, E))
-    o = out.reshape(lead + (Hk, group, out.shape[-1]))
-    if not np.shares_memory(o, out):
-        return None                      # out could not be viewed so: write it unpacked
-    ls = None if lse is None else lse.reshape(lead + (Hk, group, 1))
-    if ls is not None and lse is not None and not np.shares_memory(ls, lse):
-        return None
-    packed = p._replace(q=q, key_lengths=kl, causal=CAUSAL[False])
-    return packed, o, ls
 
 
 def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: object,

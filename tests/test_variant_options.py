@@ -260,29 +260,61 @@ def test_multihead_attention_takes_the_variants(rng):
         assert abs(g["sinks"][h] - num) <= 1e-4 * max(1.0, abs(num)), (h, g["sinks"][h], num)
 
 
-# ------------------------------------------------- grouped-query decoding, packed
+# ------------------------------------------------- grouped-query decoding, folded
 
-@pytest.mark.parametrize("kw", [{}, {"is_causal": "lower_right"}, {"key_lengths": [900, 300]},
-                                {"layout": "blhd"}, {"softcap": 3.0}, {"return_lse": True}])
-def test_gqa_decoding_packed_per_group_matches(rng, isa, kw):
-    """One query per head, 4 query heads per key/value head: computed as one problem
-    per key/value head (each key read once); the same as the unpacked computation
-    (need_weights takes the unpacked path) and as the float64 reference."""
+def _gqa_decoding_cases():
+    """Calls the core folds (each group's query heads as the rows of its key/value
+    head) and calls it must not fold (each head alone)."""
+    rng = np.random.default_rng(5)
+    pad = np.ones((2, 1, 1, 1000), bool)
+    pad[1, ..., 700:] = False
+    per_head = rng.standard_normal((2, 8, 1, 1000)).astype(np.float32)
+    return [{}, {"is_causal": "lower_right"}, {"key_lengths": [900, 300]},
+            {"layout": "blhd"}, {"softcap": 3.0}, {"return_lse": True}, {"need_weights": True},
+            {"attn_mask": pad}, {"attn_mask": np.where(pad, 0.0, -np.inf).astype(np.float32)},
+            {"attn_mask": per_head},                        # per query head: strides fold it
+            {"is_causal": True}, {"window": (100, 0), "alignment": "lower_right"},
+            {"query_lengths": [1, 0]}]
+
+
+@pytest.mark.parametrize("kw", _gqa_decoding_cases())
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gqa_decoding_folded_per_group_matches(rng, isa, kw, dtype):
+    """One query per head, 4 query heads per key/value head: the core computes each
+    group as the rows of one problem (each key read once). The same numbers as
+    each query head computed alone, against a copy of its key/value head (on one
+    thread, so that neither call splits its keys, the same bits where the group
+    fits the row kernels: 4 rows on every x86 ISA), and as the float64 reference."""
+    attnx.set_num_threads(1)
+    try:
+        _check_gqa_decoding(rng, isa, kw, dtype)
+    finally:
+        attnx.set_num_threads(0)
+    attnx.set_num_threads(2)            # split across threads: within float32's rounding
+    try:
+        _check_gqa_decoding(rng, isa, kw, dtype, exact=False)
+    finally:
+        attnx.set_num_threads(0)
+
+
+def _check_gqa_decoding(rng, isa, kw, dtype, exact=True):
     q = randn(rng, (2, 8, 1, 32))
-    k, v = randn(rng, (2, 2, 1000, 32)), randn(rng, (2, 2, 1000, 32))
+    k, v = (randn(rng, (2, 2, 1000, 32)).astype(dtype) for _ in range(2))
     if kw.get("layout") == "blhd":
         q, k, v = (np.ascontiguousarray(a.swapaxes(1, 2)) for a in (q, k, v))
     got = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
-    unpacked, _ = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, need_weights=True,
-                                                     **{n: x for n, x in kw.items() if n != "return_lse"})
-    if kw.get("return_lse"):
-        got, lse = got
-        ref_lse = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, need_weights=True,
-                                                     return_lse=True)[2]     # unpacked
-        np.testing.assert_allclose(lse, ref_lse, rtol=1e-6)
-        assert lse.shape == (2, 8, 1)
-    np.testing.assert_allclose(got, unpacked, atol=1e-6, rtol=1e-6)
-    ref = attnx.reference(q, k, v, enable_gqa=True, **{n: x for n, x in kw.items() if n != "return_lse"})
+    axis = 2 if kw.get("layout") == "blhd" else 1
+    kr, vr = np.repeat(k, 4, axis=axis), np.repeat(v, 4, axis=axis)  # no group left to fold
+    alone = attnx.scaled_dot_product_attention(q, kr, vr, **kw)
+    extra = kw.get("return_lse") or kw.get("need_weights")
+    for g, a in zip(got, alone) if extra else [(got, alone)]:
+        if exact and isa != "neon":
+            np.testing.assert_array_equal(g, a)
+        else:
+            np.testing.assert_allclose(g, a, atol=1e-6, rtol=1e-5)
+    got = got[0] if extra else got
+    ref_kw = {n: x for n, x in kw.items() if n not in ("return_lse", "need_weights")}
+    ref = attnx.reference(q, k.astype(np.float32), v.astype(np.float32), enable_gqa=True, **ref_kw)
     np.testing.assert_allclose(got, ref, atol=2e-6, rtol=1e-5)
 
 

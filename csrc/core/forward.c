@@ -74,10 +74,60 @@ static int nothing_to_do(const attnx_problem *p)
     return p->B == 0 || p->Hq == 0 || p->Lq == 0 || (p->Dv == 0 && !p->weights && !p->lse.data);
 }
 
+/* Key lengths equal within every group of G query heads (read once here:
+ * another thread changing them meanwhile changes the result, never the
+ * memory reached). */
+static int lengths_equal_in_groups(const attnx_problem *p, int64_t G)
+{
+    const attnx_lengths *kl = &p->key_lengths;
+    if (!kl->data || kl->sh == 0) return 1;
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->Hq; h++)
+            if (length_of(kl, b, h, p->Lk) != length_of(kl, b, h - h % G, p->Lk)) return 0;
+    return 1;
+}
+
+/* Decoding with grouped-query attention: one query row per head (Lq = 1),
+ * each key/value head shared by a group of G = Hq / Hk query heads. As items
+ * of their own, the G heads would each read their key/value head from
+ * memory, G reads of the same bytes. Folded, the group becomes G query rows
+ * of one head: the problem (B, Hk, G, D) against (B, Hk, Lk, D), every key
+ * and value row read once for the group (as transformers' pack_gqa). Query
+ * head h = hk·G + g is row g of head hk, so every array indexed by
+ * (b, h, i = 0) is the same memory with strides (sb, G·sh, sh). A group
+ * that fits the row kernels (G <= dot_max_nq) computes each row as alone,
+ * the same bits; a larger one takes the tiled kernels (another order of
+ * the same sums, within float32's tolerances). Only when nothing depends on the
+ * query's position or differs within a group in a way strides cannot say:
+ * no window, ALiBi, sinks or query lengths, and key lengths equal within
+ * each group. A lower-right causal mask lets the one query see every key
+ * (as none); the upper-left one only key 0: that one is not folded.
+ * Returns 1 if *f holds the folded problem. */
+static int fold_gqa_decode(const attnx_problem *p, attnx_problem *f)
+{
+    if (p->Lq != 1 || p->Hq == p->Hk || p->Hk == 0 || p->causal == ATTNX_CAUSAL_UPPER_LEFT ||
+        p->window.on || p->alibi.data || p->sinks.data || p->query_lengths.data)
+        return 0;
+    const int64_t G = p->Hq / p->Hk;
+    if (!lengths_equal_in_groups(p, G)) return 0;
+    *f = *p;
+    f->Hq = p->Hk;
+    f->Lq = G;
+    f->causal = ATTNX_CAUSAL_NONE;
+    f->q.sl = p->q.sh, f->q.sh = G * p->q.sh;
+    f->out.sl = p->out.sh, f->out.sh = G * p->out.sh;
+    f->lse.sl = p->lse.sh, f->lse.sh = G * p->lse.sh;
+    f->mask.sq = p->mask.sh, f->mask.sh = G * p->mask.sh;
+    f->key_lengths.sh = G * p->key_lengths.sh;
+    return 1; /* weights (B, Hq, 1, Lk) C-contiguous are (B, Hk, G, Lk) C-contiguous */
+}
+
 attnx_status attnx_forward(const attnx_problem *p)
 {
     attnx_status st = attnx_check_problem(p, NULL);
     if (st != ATTNX_OK || nothing_to_do(p)) return st;
+    attnx_problem folded;
+    if (fold_gqa_decode(p, &folded)) p = &folded;
     fwd_job jb = {.run = attnx_run_of(p)};
     if ((st = attnx_plan_forward(p, &jb.plan)) != ATTNX_OK) return st;
     if ((st = alloc_scratch(&jb)) != ATTNX_OK) return st;

@@ -169,6 +169,9 @@ static void run_case(int t)
     p.Lq = sizes[irand(ns)];
     p.Lk = t % 5 == 0 ? 600 + irand(900) : sizes[irand(ns)]; /* long keys: split-K */
     if (t % 5 == 0) p.Lq = 1 + irand(3);
+    /* every tenth: grouped-query decoding the core folds (a group's heads as rows) */
+    const int fold = t % 10 == 0;
+    if (fold) p.Hq = p.Hk * (2 + irand(3)), p.Lq = 1;
     p.D = sizes[irand(ns - 4)];
     p.Dv = sizes[irand(ns - 4)];
     const int64_t pad = irand(3); /* rows longer than needed: strided views */
@@ -203,10 +206,14 @@ static void run_case(int t)
         p.mask.sk = 1;
     }
     int64_t *kl = NULL, *ql = NULL;
-    if (irand(2)) {
-        kl = malloc(sizeof(int64_t) * (size_t)p.B);
-        for (int64_t b = 0; b < p.B; b++) kl[b] = irand(p.Lk + 1);
-        p.key_lengths = (attnx_lengths){kl, 1, 0};
+    if (irand(2)) { /* per batch, or per head: equal within each GQA group (which lets
+                       decoding fold a group into the rows of one problem) or not */
+        const int per_head = fold ? 2 : (int)irand(3);
+        kl = malloc(sizeof(int64_t) * (size_t)(p.B * p.Hq));
+        for (int64_t x = 0; x < p.B * p.Hq; x++) kl[x] = irand(p.Lk + 1);
+        if (per_head == 2)
+            for (int64_t x = 0; x < p.B * p.Hq; x++) kl[x] = kl[x - x % (p.Hq / p.Hk)];
+        p.key_lengths = per_head ? (attnx_lengths){kl, p.Hq, 1} : (attnx_lengths){kl, 1, 0};
     }
     if (irand(3) == 0) {
         ql = malloc(sizeof(int64_t) * (size_t)p.B);
@@ -229,6 +236,10 @@ static void run_case(int t)
     if (irand(4) == 0) {
         sinks = fill((size_t)p.Hq);
         p.sinks = (attnx_head_values){sinks, 0, 1};
+    }
+    if (fold) { /* nothing that depends on the query's position or differs in a group */
+        p.window.on = 0, p.alibi.data = NULL, p.sinks.data = NULL, p.query_lengths.data = NULL;
+        if (p.causal == ATTNX_CAUSAL_UPPER_LEFT) p.causal = ATTNX_CAUSAL_LOWER_RIGHT;
     }
     float *lse = malloc(sizeof(float) * (size_t)(p.B * p.Hq * p.Lq + 1));
     p.lse = (attnx_out_tensor){lse, p.Hq * p.Lq, p.Lq, 1};
