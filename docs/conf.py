@@ -50,15 +50,20 @@ myst_heading_anchors = 3
 autosummary_generate = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"           # the signatures carry long overloads; the docstrings say the types
-autodoc_default_options = {"members": False}
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
 napoleon_use_rtype = False
+# parameter and attribute types as text: they are prose ("array_like, (B, H, L, E)"), not classes
+napoleon_use_param = False
+napoleon_use_keyword = False
+napoleon_use_ivar = True
 # attnx.dask.scaled_dot_product_attention has a section of its own
 napoleon_custom_sections = ["How the work is split"]
 # Names in docstrings that are prose, not objects of this site (nitpicky mode, -n).
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|torch|dask|da|transformers|ml_dtypes|matplotlib)\..*"),
+    # MultiHeadAttention's Attributes section: "W_q : ndarray, float32, (d_model, H*d_head)"
+    (r"py:class", r"ndarray|float32|d_model|kdim|vdim|b_[qkv]|H ?\* ?d_head"),
 ]
 
 # -- no network: no intersphinx, nothing fetched -----------------------------------
