@@ -79,6 +79,11 @@ html_theme_options = {
     "navbar_align": "left",
     "footer_start": ["copyright"],
     "footer_end": [],
-    "secondary_sidebar_items": ["page-toc"],
+    # the guide's and the API's pages need the width for code and tables
+    "secondary_sidebar_items": {"index": [], "guide/*": [], "api/*": [], "notebooks/*": [],
+                                "getting-started": ["page-toc"], "performance": ["page-toc"],
+                                "examples": [], "development": [], "DESIGN": ["page-toc"],
+                                "layout": [], "testing": ["page-toc"]},
 }
+html_css_files = ["custom.css"]
 html_sidebars = {"index": [], "getting-started": [], "performance": []}
