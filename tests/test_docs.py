@@ -152,7 +152,7 @@ def pages() -> list[Path]:
     if not (DOCS / "conf.py").is_file():
         return []
     found = [p for p in sorted(DOCS.rglob("*.md")) if "_build" not in p.parts]
-    return [ROOT / "README.md"] + found
+    return [p for p in [ROOT / "README.md"] + found if FENCE.search(p.read_text(encoding="utf-8"))]
 
 
 def page_ids() -> list[str]:
@@ -161,7 +161,7 @@ def page_ids() -> list[str]:
 
 def test_the_guide_pages_hold_code() -> None:
     _docs_tree()
-    with_code = [p.name for p in pages() if FENCE.search(p.read_text(encoding="utf-8"))]
+    with_code = [p.name for p in pages()]
     for name in ("README.md", "getting-started.md", "masks.md", "shapes.md", "gradients.md",
                  "variants.md", "varlen.md", "kvcache.md", "llm.md", "dask.md", "threads.md"):
         assert name in with_code, f"{name}: no ```python block found (is the fence spelled ```python?)"
@@ -171,8 +171,6 @@ def test_the_guide_pages_hold_code() -> None:
 @pytest.mark.parametrize("page", pages(), ids=page_ids())
 def test_page_code_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = FENCE.findall(page.read_text(encoding="utf-8"))
-    if not blocks:
-        pytest.skip("no ```python block")
     code = "\n".join(blocks)
     for pattern, dep in OPTIONAL.items():
         if re.search(pattern, code) and importlib.util.find_spec(dep) is None:
