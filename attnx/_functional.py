@@ -236,7 +236,7 @@ def scaled_dot_product_attention(
         s = scale · q·k, before masks and ALiBi are added. Must be > 0.
     alibi_slopes : array_like, optional
         ALiBi (BLOOM, MPT), shape (Hq,) or broadcastable to (B..., Hq): adds
-        -slope · |d(i) - j| to each score, computed in the kernel.
+        ``-slope · |d(i) - j|`` to each score, computed in the kernel.
     alignment : {"upper_left", "lower_right"}, optional
         The diagonal d(i) of the window and ALiBi: by default that of
         ``is_causal`` ("lower_right" for is_causal="lower_right"), else

@@ -62,6 +62,13 @@ class MultiHeadAttention:
     ``H * d_head`` features and ``W_o`` maps the concatenated heads back to
     ``d_model``.
 
+    Shapes (see :meth:`__call__`): ``layer(query, key, value)`` takes query
+    (B, Lq, d_model), key (B, Lk, kdim), value (B, Lk, vdim) (batch-first;
+    unbatched (L, features) works too) and returns (B, Lq, d_model), plus the
+    weights (B, H, Lq, Lk) with ``need_weights=True``. ``attn_mask``: bool,
+    True = may attend, or float, added to the scores; broadcastable to
+    (B, H, Lq, Lk).
+
     Parameters
     ----------
     d_model : int
@@ -90,13 +97,6 @@ class MultiHeadAttention:
         Plain arrays: assign or modify them in place to set weights (the
         shapes are checked at each call). Initialised Xavier-uniform
         (``U(-a, a)``, ``a = sqrt(6 / (fan_in + fan_out))``), biases zero.
-
-    Shapes (see :meth:`__call__`): ``layer(query, key, value)`` takes query
-    (B, Lq, d_model), key (B, Lk, kdim), value (B, Lk, vdim) (batch-first;
-    unbatched (L, features) works too) and returns (B, Lq, d_model), plus the
-    weights (B, H, Lq, Lk) with ``need_weights=True``. ``attn_mask``: bool,
-    True = may attend, or float, added to the scores; broadcastable to
-    (B, H, Lq, Lk).
 
     Notes
     -----

@@ -546,7 +546,7 @@ def scaled_dot_product_attention(
     per score; ``key_lengths``/``query_lengths`` are shifted by the block's
     start and clipped to it; ALiBi needs the distance to the global diagonal,
     so a block whose diagonal is not attnx's own gets ALiBi as a float mask
-    (-slope·|d(i) - j|, with ``attn_mask`` folded in; memory h·lq·lk per such
+    (``-slope·|d(i) - j|``, with ``attn_mask`` folded in; memory h·lq·lk per such
     block); ``sinks``: with one key chunk they go to attnx as they are; with
     several, the sink must join each row's denominator exactly once, and a
     row may have no allowed key in any particular block (where attnx ignores

@@ -1,6 +1,6 @@
-"""README.md and docs/DESIGN.md stay true to the tree: README's "Layout of the
-code" names every C source file and describes the thread pool as what it is;
-the design notes name only paths that exist."""
+"""The docs stay true to the tree: docs/layout.md ("Layout of the code", moved
+there from README.md) names every C source file and describes the thread pool
+as what it is; the design notes name only paths that exist."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+LAYOUT = ROOT / "docs" / "layout.md"
 
 
 def layout_block() -> str:
-    if not README.is_file() or not (ROOT / "csrc").is_dir():
+    if not LAYOUT.is_file() or not (ROOT / "csrc").is_dir():
         pytest.skip("not run from a source tree")
-    text = README.read_text()
-    start = text.index("## Layout of the code")
+    text = LAYOUT.read_text()
+    start = text.index("# Layout of the code")
     return text[start:text.index("```", text.index("```", start) + 3)]
 
 
 def test_layout_names_every_c_source():
     block = layout_block()
     missing = [p.name for p in sorted((ROOT / "csrc").rglob("*.c")) if p.name not in block]
-    assert not missing, f"README's layout section does not mention {missing}"
+    assert not missing, f"docs/layout.md does not mention {missing}"
 
 
 def test_layout_describes_the_persistent_thread_pool():
