@@ -15,12 +15,12 @@ attnx`` never imports it).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-from ._args import Alignment, Causal, Layout, Window, torch_bfloat16
+from ._args import Alignment, Causal, Layout, Window, check_flag, torch_bfloat16
 from ._functional import CALL_THREADS
 from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
@@ -128,19 +128,24 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attn_mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
-                opts: dict[str, Any]) -> torch.Tensor:
+                opts: dict[str, Any], need_weights: bool) -> Any:
         q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
         m = None if attn_mask is None else _numpy(attn_mask, "attn_mask")
         s = None if sinks is None else _numpy(sinks, "sinks")
         with _threads_for(query, key, opts["layout"]):
-            out, lse = _sdpa(q, k, v, attn_mask=m, sinks=s, return_lse=True, **opts)
-        out_t, lse_t = torch.from_numpy(out), torch.from_numpy(lse)
+            res = _sdpa(q, k, v, attn_mask=m, sinks=s, return_lse=True,
+                        need_weights=need_weights, **opts)
+        out_t, lse_t = torch.from_numpy(res[0]), torch.from_numpy(res[-1])
         ctx.save_for_backward(query, key, value, attn_mask, sinks, out_t, lse_t)
         ctx.opts = opts
-        return out_t.to(query.dtype)
+        if not need_weights:
+            return out_t.to(query.dtype)
+        weights = torch.from_numpy(res[1]).to(query.dtype)
+        ctx.mark_non_differentiable(weights)   # a loss of the weights cannot reach the inputs
+        return out_t.to(query.dtype), weights
 
     @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+    def backward(ctx: Any, dout: torch.Tensor, *_: Any) -> Tuple[Optional[torch.Tensor], ...]:
         with torch.no_grad():
             grads = _Attention._gradients(ctx, dout)
         if not torch.is_grad_enabled():          # create_graph=False: the usual case
@@ -167,7 +172,7 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
 
         return (back(g.query, query, need[0]), back(g.key, key, need[1]),
                 back(g.value, value, need[2]), back(g.attn_mask, attn_mask, need[3]),
-                back(g.sinks, sinks, need[4]), None)
+                back(g.sinks, sinks, need[4]), None, None)
 
 
 def scaled_dot_product_attention(
@@ -177,7 +182,8 @@ def scaled_dot_product_attention(
         layout: Layout = "bhld", key_lengths: Optional[Any] = None,
         query_lengths: Optional[Any] = None, window: Window = None,
         sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[Any] = None, alignment: Alignment = None) -> torch.Tensor:
+        alibi_slopes: Optional[Any] = None, alignment: Alignment = None,
+        need_weights: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """``torch.nn.functional.scaled_dot_product_attention`` computed by attnx, with gradients.
 
     query (B..., Hq, Lq, E), key (B..., Hk, Lk, E), value (B..., Hk, Lk, Ev):
@@ -193,6 +199,11 @@ def scaled_dot_product_attention(
     sink logits, (Hq,) or broadcastable to (B..., Hq)); ``dropout_p`` must be 0.
 
     Returns the output tensor, (B..., Hq, Lq, Ev) (``"blhd"``: (B..., Lq, Hq, Ev)).
+    With ``need_weights=True``, the tuple (output, weights): the attention
+    weights (B..., Hq, Lq, Lk), the exact softmax (in the input's dtype), for
+    drawing or inspecting; they are not differentiable (gradients flow through
+    the output only; a loss of the weights alone raises, as for any tensor
+    that does not require grad).
 
     Example
     -------
@@ -209,13 +220,15 @@ def scaled_dot_product_attention(
                                 alibi_slopes=alibi_slopes, alignment=alignment)
     tensors = (query, key, value, attn_mask, sinks)
     _check_tensors(tensors, ("query", "key", "value", "attn_mask", "sinks"))
+    need_weights = check_flag(need_weights, "need_weights")
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
         # nothing to differentiate (inference, generate()): no lse, no autograd node
         q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
         m = None if attn_mask is None else _numpy(attn_mask, "attn_mask")
         sk = None if sinks is None else _numpy(sinks, "sinks")
         with _threads_for(query, key, layout):
-            result = _sdpa(q, k, v, attn_mask=m, sinks=sk, **opts)
+            result = _sdpa(q, k, v, attn_mask=m, sinks=sk, need_weights=need_weights, **opts)
+        if need_weights:
+            return torch.from_numpy(result[0]).to(query.dtype), torch.from_numpy(result[1]).to(query.dtype)
         return torch.from_numpy(result).to(query.dtype)
-    out: torch.Tensor = _Attention.apply(query, key, value, attn_mask, sinks, opts)
-    return out
+    return _Attention.apply(query, key, value, attn_mask, sinks, opts, need_weights)

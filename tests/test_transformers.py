@@ -108,6 +108,48 @@ def test_greedy_generate_gives_the_same_tokens(name):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name", list(configs()))
+def test_output_attentions_gives_the_weights_of_eager(name):
+    """output_attentions=True: attnx computes the weights (need_weights), the same as
+    the model's "eager" attention (rows of padded queries aside), sinks and sliding
+    windows included; the hidden states stay those of the call without weights (to
+    float32's rounding: the weights' pass normalises each probability before the sum)."""
+    ids, mask = inputs()
+    ours, eager = build(name, "attnx"), build(name, "eager")
+    with torch.no_grad():
+        a = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+        b = eager(input_ids=ids, attention_mask=mask, output_attentions=True)
+        plain = result(ours(input_ids=ids, attention_mask=mask))
+    assert len(a.attentions) == len(b.attentions) == 2
+    real = mask.bool()[:, None, :, None]               # (B, 1, Lq, 1): queries that are tokens
+    for wa, wb in zip(a.attentions, b.attentions):
+        assert wa.shape == wb.shape
+        assert float(((wa - wb).abs() * real).max()) < 1e-5
+    torch.testing.assert_close(result(a), plain, rtol=1e-5, atol=1e-6)
+
+
+def test_sliding_window_reaches_the_core_as_window(monkeypatch):
+    """A sliding-window layer's prompt (no past) passes window=(sliding_window - 1, 0),
+    so that the core skips the key tiles outside the band; decoding with a cache
+    does not (the mask says where the cached keys lie). The tokens stay "eager"'s."""
+    import attnx.torch
+    seen = []
+    original = attnx.torch.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((args[0].shape[2], args[1].shape[2], kwargs.get("window")))
+        return original(*args, **kwargs)
+    monkeypatch.setattr(hf, "_attention", spy)
+    ids, mask = inputs()
+    ours, eager = build("gemma2_softcap_window", "attnx"), build("gemma2_softcap_window", "eager")
+    a = ours.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    b = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    assert torch.equal(a, b)
+    windows = {w for lq, lk, w in seen if lq == lk}
+    assert (5, 0) in windows                       # sliding_window=6: the local layer
+    assert all(w is None for lq, lk, w in seen if lq != lk)
+
+
 def parameter_grads(name, impl, dtype=torch.float32):
     ids, mask = inputs("right")
     model = build(name, impl).to(dtype)

@@ -284,3 +284,41 @@ def test_variants_with_an_attn_mask_match_torch(rng, isa, name):
     assert_match(ours, theirs)
     if sinks is not None:
         assert ours["sinks"].shape == np.shape(sinks) and np.abs(ours["sinks"]).max() > 0
+
+
+# ------------------------------------------------------------- need_weights
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad", [False, True])
+def test_need_weights_returns_the_softmax_and_leaves_gradients_alone(rng, dtype, grad):
+    """need_weights=True: (output, weights), the weights the exact softmax of torch's
+    float32 scores (masks and sinks included) in the input's dtype; they are not
+    differentiable, and the gradients through the output are those of the call
+    without weights (a random upstream gradient)."""
+    q, k, v = (torch.from_numpy(randn(rng, s)).to(dtype).requires_grad_(grad)
+               for s in ((2, 4, 9, 16), (2, 2, 13, 16), (2, 2, 13, 16)))
+    mask = torch.from_numpy(rng.random((2, 1, 9, 13)) > 0.3)
+    sinks = torch.linspace(-1, 1, 4)
+    out, w = at.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
+                                             sinks=sinks, need_weights=True)
+    assert w.shape == (2, 4, 9, 13) and w.dtype == dtype and out.dtype == dtype
+    assert not w.requires_grad
+    kk, vv = (x.detach().float().repeat_interleave(2, dim=1) for x in (k, v))
+    s = q.detach().float() @ kk.transpose(-1, -2) / 4.0
+    s = s.masked_fill(~mask, -INF)
+    full = torch.cat([s, sinks[None, :, None, None].expand(2, 4, 9, 1)], dim=-1).softmax(-1)
+    tol = 1e-6 if dtype == torch.float32 else 4e-3        # the weights rounded to bfloat16
+    torch.testing.assert_close(w.float(), full[..., :-1], atol=tol, rtol=tol)
+    plain = at.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, sinks=sinks)
+    torch.testing.assert_close(out.float(), plain.float(), atol=1e-5 if dtype == torch.float32
+                               else 1e-2, rtol=1e-5)
+    if not grad:
+        return
+    dout = torch.from_numpy(randn(rng, out.shape)).to(dtype)
+    g1 = torch.autograd.grad(out, (q, k, v), dout)
+    g2 = torch.autograd.grad(plain, (q, k, v), dout)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-5 if dtype == torch.float32
+                                   else 2e-2, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        w.sum().backward()

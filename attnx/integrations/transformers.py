@@ -14,14 +14,16 @@ so gradients flow (training, fine-tuning) to the queries, keys, values, a float
 mask and the sinks. What models pass is handled: padding masks (bool and
 additive float, 4-D), causal decoders with a KV cache (``generate()``), GQA,
 ``scaling``, ``softcap`` (Gemma 2), ``s_aux`` sinks (gpt-oss), sliding windows
-(in the mask transformers builds), ``position_bias`` (T5-style, added to the
-scores). Dropout must be 0 while training (attnx has no dropout).
+(in the mask transformers builds, and as ``window=`` to skip the key tiles
+outside it), ``position_bias`` (T5-style, added to the scores),
+``output_attentions=True`` (the weights, computed by attnx). Dropout must be 0
+while training (attnx has no dropout).
 transformers and torch are imported only here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, cast
 
 import torch
 
@@ -51,22 +53,24 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       is_causal: Optional[bool] = None, softcap: Optional[float] = None,
                       s_aux: Optional[torch.Tensor] = None,
                       position_bias: Optional[torch.Tensor] = None,
-                      **kwargs: Any) -> Tuple[torch.Tensor, None]:
+                      **kwargs: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """transformers' attention function signature, computed by attnx.
 
     query (B, Hq, Lq, D), key (B, Hk, Lk, D), value (B, Hk, Lk, Dv) (Hq a
     multiple of Hk); attention_mask None, bool (True = may attend) or additive
     float, broadcastable to (B, Hq, Lq, Lk). Returns the output as transformers
-    wants it, (B, Lq, Hq, Dv) contiguous, and None for the weights.
+    wants it, (B, Lq, Hq, Dv) contiguous, and the attention weights
+    (B, Hq, Lq, Lk) when the model asks for them (``output_attentions=True``),
+    else None. ``sliding_window`` (an int, as models pass it) also goes to the
+    core as ``window=(sliding_window - 1, 0)`` for a prompt without a past.
     """
     if dropout and module.training:
         raise ValueError(f"attnx has no attention dropout: the model's attention dropout is "
                          f"{dropout} in training mode; set it to 0.0 in the config (or call "
                          f"model.eval()) to use attn_implementation='attnx'")
-    if kwargs.get("output_attentions"):
-        raise ValueError("attnx does not return attention weights to transformers; use "
-                         "attn_implementation='eager' for output_attentions=True")
+    need_weights = bool(kwargs.get("output_attentions"))
     q_len, kv_len = query.shape[2], key.shape[2]
+    full_kv_len = kv_len
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     # As "sdpa": without a mask, a causal module's prefill is upper-left causal
     # (keys past the queries belong to an empty static cache), and one query
@@ -80,10 +84,23 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if position_bias is not None:
         attention_mask = _mask_with_bias(attention_mask, position_bias, causal, q_len, kv_len)
         causal = False
-    out = _attention(query, key, value, attn_mask=attention_mask, is_causal=causal,
+    # A sliding window (Mistral, Qwen2, Gemma 2's local layers) is in the mask
+    # too; given as window= as well, the core skips the key tiles outside the
+    # band instead of reading the mask there. Only where queries and keys are
+    # the same positions (a prompt without a past): with a cache, the keys'
+    # positions (a static cache's empty slots) are the mask's to say.
+    sliding = kwargs.get("sliding_window")
+    window = (int(sliding) - 1, 0) if sliding and q_len == kv_len else None
+    res = _attention(query, key, value, attn_mask=attention_mask, is_causal=causal,
                      scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
-                     softcap=softcap if softcap else None, sinks=s_aux)
-    return out.transpose(1, 2).contiguous(), None
+                     softcap=softcap if softcap else None, sinks=s_aux, window=window,
+                     need_weights=need_weights)
+    if not need_weights:
+        return cast(torch.Tensor, res).transpose(1, 2).contiguous(), None
+    out, weights = cast(Tuple[torch.Tensor, torch.Tensor], res)
+    if full_kv_len > kv_len:        # the empty slots of a static cache: weight 0, as "eager"
+        weights = torch.nn.functional.pad(weights, (0, full_kv_len - kv_len))
+    return out.transpose(1, 2).contiguous(), weights
 
 
 def register(name: str = NAME) -> str:
