@@ -331,15 +331,32 @@ def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: ob
     if not (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray):
         return None
     if not (q.dtype == _FLOAT32 and k.dtype == _FLOAT32 and v.dtype == _FLOAT32
-            and q.ndim == 4 and k.ndim == 4 and v.ndim == 4):
-        return None
-    B, H, Lq, E = q.shape
-    if not (k.shape[:2] == (B, H) and v.shape[:3] == k.shape[:3] and k.shape[3] == E):
-        return None
-    if not (q.strides[3] == 4 and k.strides[3] == 4 and v.strides[3] == 4
             and q.flags.aligned and k.flags.aligned and v.flags.aligned):
         return None
-    if not (type(dropout_p) is float and dropout_p == 0.0 and (is_causal is False or is_causal is True)):
+    if not (type(dropout_p) is float and dropout_p == 0.0):
+        return None
+    return plain_forward(q, k, v, is_causal, scale, False)
+
+
+def plain_forward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], is_causal: object,
+                  scale: object, gqa: bool) -> Optional[NDArray[np.float32]]:
+    """The plain call's core forward, on aligned arrays: q float32 (B, Hq, Lq, E),
+    k and v (B, Hk, Lk, E) and (B, Hk, Lk, Ev), float32, or both float16, or
+    both uint16 holding bfloat16 bits, Hk = Hq (or a divisor of it with
+    ``gqa``); every last axis contiguous; is_causal a bool; scale None or a
+    finite float. Returns the output (B, Hq, Lq, Ev), or None for anything
+    else (the caller then takes the checked path). Used by the NumPy fast
+    path and by attnx.torch's lean path for the calls models make."""
+    if not (q.ndim == 4 and k.ndim == 4 and v.ndim == 4):
+        return None
+    B, Hq, Lq, E = q.shape
+    Hk = k.shape[1]
+    if not (k.shape[0] == B and v.shape[:3] == k.shape[:3] and k.shape[3] == E and Hk > 0
+            and (Hq == Hk or (gqa and Hq % Hk == 0)) and k.dtype == v.dtype):
+        return None
+    if not (q.strides[3] == 4 and k.strides[3] == k.itemsize and v.strides[3] == v.itemsize):
+        return None
+    if not (is_causal is False or is_causal is True):
         return None
     if scale is None:
         scale_f = default_scale(E)
@@ -347,7 +364,7 @@ def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: ob
         scale_f = scale
     else:
         return None
-    out = np.empty((B, H, Lq, v.shape[3]), dtype=np.float32)
+    out = np.empty((B, Hq, Lq, v.shape[3]), dtype=np.float32)
     _attnx.forward(q, k, v, out, None, None, None, None, CAUSAL[is_causal], scale_f, None, None,
                    CALL_THREADS.get())
     return out
