@@ -121,6 +121,28 @@ def read_time(k: NDArray[Any], v: NDArray[Any], threads: int) -> None:
         t.join()
 
 
+def decode_step(torch: Any, model: Any, ids: Any) -> Callable[[], object]:
+    """One greedy decoding step of ``model`` after the prompt ``ids`` (1, L): the
+    prompt's cache is built once; each call feeds the next token with that
+    cache, then crops the cache back to L tokens, so that every call decodes at
+    the same context length. (Timing generate() of n tokens minus generate() of
+    one instead leaves the prefill's run-to-run noise in the difference, which
+    swamps the decoding at a few thousand tokens.)"""
+    import inspect
+    with torch.no_grad():
+        first = model(input_ids=ids, use_cache=True)
+    # transformers >= 5.24 names the cache "cache" (and warns at "past_key_values")
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache, token = first[name], first.logits[:, -1:].argmax(-1)
+
+    def step() -> object:
+        with torch.no_grad():
+            out = model(input_ids=token, use_cache=True, **{name: cache})
+        cache.crop(-1)
+        return out
+    return step
+
+
 def _inputs(B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, layout: str = "bhld",
             seed: int = 0) -> List[F32]:
     rng = np.random.default_rng(seed)
@@ -439,16 +461,14 @@ class _Bench:
         attnx.set_num_threads(0)
         return row
 
-    def transformers_decoder(self, L: int, new_tokens: int, dtype: str = "float32",
+    def transformers_decoder(self, L: int, dtype: str = "float32",
                              small: bool = True) -> List[Row]:
         """A Llama-style decoder with random weights, in ``dtype``, with
         attn_implementation "attnx", "sdpa" and "eager": the prefill of L
-        tokens, and the time per token of greedy decoding: generate() of
-        new_tokens tokens minus generate() of one, over new_tokens - 1 (both
-        timed the same way, interleaved, so the prefill cancels; subtracting a
-        separately timed forward did not). ``small``: 4 layers, d_model 512, 8
-        query and 2 key/value heads; else SmolLM-135M's shape (30 layers,
-        hidden 576, 9 query and 3 key/value heads of 64, vocabulary 49152)."""
+        tokens, and one decoding step at a context of L tokens
+        (:func:`decode_step`). ``small``: 4 layers, d_model 512, 8 query and 2
+        key/value heads; else SmolLM-135M's shape (30 layers, hidden 576, 9
+        query and 3 key/value heads of 64, vocabulary 49152)."""
         torch = self.torch
         try:
             import transformers
@@ -480,15 +500,10 @@ class _Bench:
                     return m(input_ids=ids)
             return run
 
-        def generate(m: Any, n: int) -> Callable[[], object]:
-            return lambda: m.generate(input_ids=ids, max_new_tokens=n, min_new_tokens=n,
-                                      do_sample=False)
         names = list(models)
         t_pre = dict(zip(names, _time([prefill(models[n]) for n in names], self.repeats)))
-        fns = [generate(models[n], k) for n in names for k in (1, new_tokens)]
-        t_gen = _time(fns, self.repeats)               # per model: 1 token, new_tokens tokens
-        per_token = {n: max(t_gen[2 * i + 1] - t_gen[2 * i], 0.0) / (new_tokens - 1)
-                     for i, n in enumerate(names)}
+        steps = [decode_step(torch, models[n], ids) for n in names]
+        per_token = dict(zip(names, _time(steps, self.repeats)))
         rows: List[Row] = []
         for what, times in (("prefill", t_pre), ("decode, per token", per_token)):
             kind = "Llama-style decoder" if small else "SmolLM-135M-shaped decoder"
@@ -616,8 +631,7 @@ def run(args: argparse.Namespace) -> int:
     rows.append(b.mha_step(8, 256, 512, 8))
     if b.torch:
         for dtype in ("float32", "bfloat16"):
-            rows.extend(b.transformers_decoder(256 if b.quick else 1024, 9 if b.quick else 17,
-                                               dtype, small=b.quick))
+            rows.extend(b.transformers_decoder(256 if b.quick else 1024, dtype, small=b.quick))
     if not b.quick:
         rows.append(b.backward_memory(16384, 8, 64))
     Lm = 1024 if b.quick else 3072
