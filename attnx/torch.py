@@ -97,6 +97,9 @@ def _lean(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal
 
 #: A forward of fewer FLOPs (4·B·Hq·Lq·Lk·E) runs on the calling thread inside torch.
 SMALL_FLOPS = 8e6
+#: So does decoding (at most 4 query rows per key/value head, memory-bound) that
+#: reads fewer bytes of keys and values.
+SMALL_DECODE_BYTES = 8 << 20
 
 
 @contextlib.contextmanager
@@ -108,10 +111,21 @@ def _threads_for(query: torch.Tensor, key: torch.Tensor, layout: Layout,
     2-vCPU AMD EPYC: a decode call (1 query, 1050 keys, 8 heads, E 64) right
     after a torch Linear took 215 us on 2 attnx threads, 85 on one (torch's
     SDPA 63); a Llama-style model's decode step 8.1-8.8 ms against 7.4.
-    ``flops_per_score``: per query element and key, 4 for the forward (two
-    products), 10 for the backward (five)."""
+    Decoding is memory-bound, and one thread reads most of the bandwidth two
+    do: in a SmolLM-135M-shaped model at 4096 tokens (float32, 6.3 MB of keys
+    and values a call, AMD EPYC Zen 5), a call took 200-318 us on 2 attnx
+    threads and 242 on one (sdpa 255-272; the decoding step 51 ms against
+    sdpa's 55, from 53-55 on 2 threads). ``flops_per_score``: per query
+    element and key, 4 for the forward (two products), 10 for the backward
+    (five)."""
     Lk = key.shape[-3] if layout == "blhd" else key.shape[-2]
-    small = torch.get_num_threads() > 1 and flops_per_score * query.numel() * Lk < SMALL_FLOPS
+    q_rows = query.numel() // max(query.shape[-1], 1)           # B·Hq·Lq
+    kv_rows = key.numel() // max(key.shape[-1], 1)              # B·Hk·Lk
+    decoding = flops_per_score == 4.0 and q_rows * Lk <= 4 * max(kv_rows, 1)
+    kv_bytes = 2 * key.numel() * key.element_size()
+    small = torch.get_num_threads() > 1 and (
+        flops_per_score * query.numel() * Lk < SMALL_FLOPS
+        or (decoding and kv_bytes < SMALL_DECODE_BYTES))
     token = CALL_THREADS.set(1 if small else 0)
     try:
         yield

@@ -176,7 +176,8 @@ def test_a_context_sets_the_threads_of_its_calls(restore_threads):
 def test_torch_runs_small_calls_on_one_thread(restore_threads):
     """Inside a torch program on several threads, attnx.torch computes a call of
     fewer than SMALL_FLOPS on the calling thread (torch's workers are still
-    spinning), with and without autograd; a larger call keeps attnx's threads."""
+    spinning), with and without autograd, and decoding that reads less than
+    SMALL_DECODE_BYTES; a larger call keeps attnx's threads."""
     torch = pytest.importorskip("torch")
     import attnx.torch as at
     q, k, v = _decode_inputs()
@@ -198,6 +199,18 @@ def test_torch_runs_small_calls_on_one_thread(restore_threads):
         tb = [torch.from_numpy(x) for x in big]
         np.testing.assert_array_equal(at.scaled_dot_product_attention(*tb).numpy(),
                                       attnx.scaled_dot_product_attention(*big))
+        # decoding above SMALL_FLOPS that reads less than SMALL_DECODE_BYTES (GQA, 4 query
+        # heads a key/value head): memory-bound, one thread too
+        rng = np.random.default_rng(4)
+        gq = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
+        gk, gv = (rng.standard_normal((1, 2, 6000, 64), dtype=np.float32) for _ in range(2))
+        assert 4.0 * gq.size * 6000 > at.SMALL_FLOPS and gk.nbytes + gv.nbytes < at.SMALL_DECODE_BYTES
+        attnx.set_num_threads(1)
+        g_one = attnx.scaled_dot_product_attention(gq, gk, gv, enable_gqa=True)
+        attnx.set_num_threads(2)
+        assert not np.array_equal(g_one, attnx.scaled_dot_product_attention(gq, gk, gv, enable_gqa=True))
+        got = at.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (gq, gk, gv)), enable_gqa=True)
+        np.testing.assert_array_equal(got.numpy(), g_one)
         torch.set_num_threads(1)                      # torch on one thread: attnx's own count
         np.testing.assert_array_equal(at.scaled_dot_product_attention(tq.detach(), tk, tv).numpy(), two)
     finally:
