@@ -86,6 +86,12 @@ def backward(
 def fingerprint(a: NDArray[Any], /) -> int:
     """Private: a 64-bit fingerprint of the bytes of ``a`` in its memory order (the GIL
     released): another content gives another value but with probability ~2^-64."""
+
+
+def fma_peak(threads: int, seconds: float, /) -> float:
+    """Private: the FP32 FMA peak of the active instruction set on ``threads`` threads
+    (0: the default count), in GFLOP/s, measured in about ``seconds`` (the GIL
+    released): the benchmark's compute roofline."""
 CAUSAL_NONE: int
 """The ``causal`` code of ``forward``/``backward``: no causal mask."""
 CAUSAL_UPPER_LEFT: int

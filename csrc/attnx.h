@@ -214,6 +214,12 @@ const char *attnx_isa_name_at(int i); /* NULL outside [0, count) */
 int attnx_get_num_threads(void);
 void attnx_set_num_threads(int n); /* n <= 0: the default */
 
+/* The FP32 FMA peak of the active instruction set on num_threads threads of
+ * the pool (<= 0: attnx_get_num_threads()), in GFLOP/s: register-only FMA
+ * chains, the best of three runs of about seconds / 3 each. The compute
+ * roofline the benchmark reports its rows against. */
+double attnx_fma_peak(int num_threads, double seconds);
+
 #ifdef __cplusplus
 }
 #endif

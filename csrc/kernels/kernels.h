@@ -142,7 +142,17 @@ typedef struct attnx_kernels {
      * rows converted by half_rows.  v: (nk, Dv) 16-bit, rows v_sl apart */
     void (*pv_half)(int fmt, const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
                     int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
+
+    /* The compute roofline: rounds × ATTNX_PEAK_CHAINS independent chains of
+     * vector fused multiply-adds on registers, nothing else (attnx_fma_peak).
+     * Returns the flops done (2 a lane and FMA); *sink gets a value of the
+     * chains, so that the compiler keeps them. */
+    double (*fma_burn)(int64_t rounds, float *sink);
 } attnx_kernels;
+
+/* Enough independent chains to cover an FMA's latency on both FMA pipes of
+ * every core attnx targets (4 cycles × 2 pipes), within AVX2's 16 registers. */
+#define ATTNX_PEAK_CHAINS 12
 
 /* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the
  * SIMD ones exist where the compiler targets their architecture. */

@@ -630,6 +630,22 @@ static void SUFFIX(half_rows)(int fmt, const uint16_t *src, int64_t src_sl, int 
     }
 }
 
+/* ---- the FMA peak ------------------------------------------------------------ */
+static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
+{
+    VF a[ATTNX_PEAK_CHAINS];
+    const VF b = V_SET1(1.0000001f), c = V_SET1(1e-7f);
+    for (int i = 0; i < ATTNX_PEAK_CHAINS; i++) a[i] = V_SET1((float)i);
+    for (int64_t r = 0; r < rounds; r++)
+        for (int i = 0; i < ATTNX_PEAK_CHAINS; i++) a[i] = V_FMA(a[i], b, c);
+    VF s = a[0];
+    for (int i = 1; i < ATTNX_PEAK_CHAINS; i++) s = V_ADD(s, a[i]);
+    float lanes[W];
+    V_STORE(lanes, s);
+    *sink = lanes[0];
+    return (double)rounds * ATTNX_PEAK_CHAINS * W * 2;
+}
+
 const attnx_kernels SUFFIX(attnx_kernels) = {
     .qk = SUFFIX(qk),
     .qk_dot = SUFFIX(qk_dot),
@@ -649,4 +665,5 @@ const attnx_kernels SUFFIX(attnx_kernels) = {
     .half_rows = SUFFIX(half_rows),
     .qk_dot_half = SUFFIX(qk_dot_half),
     .pv_half = SUFFIX(pv_half),
+    .fma_burn = SUFFIX(fma_burn),
 };

@@ -226,6 +226,18 @@ static void pv_half_scalar(int fmt, const float *pt, int64_t ldq, int nq, const 
     }
 }
 
+static double fma_burn_scalar(int64_t rounds, float *sink)
+{
+    float a[ATTNX_PEAK_CHAINS];
+    for (int i = 0; i < ATTNX_PEAK_CHAINS; i++) a[i] = (float)i;
+    for (int64_t r = 0; r < rounds; r++)
+        for (int i = 0; i < ATTNX_PEAK_CHAINS; i++) a[i] = a[i] * 1.0000001f + 1e-7f;
+    float s = 0.0f;
+    for (int i = 0; i < ATTNX_PEAK_CHAINS; i++) s += a[i];
+    *sink = s;
+    return (double)rounds * ATTNX_PEAK_CHAINS * 2;
+}
+
 const attnx_kernels attnx_kernels_scalar = {
     .qk = qk_scalar,
     .qk_dot = qk_dot_scalar,
@@ -245,4 +257,5 @@ const attnx_kernels attnx_kernels_scalar = {
     .half_rows = half_rows_scalar,
     .qk_dot_half = qk_dot_half_scalar,
     .pv_half = pv_half_scalar,
+    .fma_burn = fma_burn_scalar,
 };

@@ -612,8 +612,32 @@ static PyObject *py_fingerprint(PyObject *self, PyObject *arg)
     return PyLong_FromUnsignedLongLong(h);
 }
 
+/* ---- the FMA peak ------------------------------------------------------------------ */
+
+PyDoc_STRVAR(fma_peak_doc,
+             "fma_peak(threads, seconds)\n--\n\n"
+             "Private: the FP32 FMA peak of the active instruction set on `threads` threads\n"
+             "(0: the default count), GFLOP/s, measured in about `seconds` (the GIL\n"
+             "released). The benchmark's compute roofline.");
+
+static PyObject *py_fma_peak(PyObject *self, PyObject *args)
+{
+    int threads;
+    double seconds, gflops;
+    if (!PyArg_ParseTuple(args, "id:fma_peak", &threads, &seconds)) return NULL;
+    if (!(seconds > 0.0 && seconds <= 60.0)) {
+        PyErr_Format(PyExc_ValueError, "fma_peak: seconds must be in (0, 60]; got %g", seconds);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+        gflops = attnx_fma_peak(threads, seconds);
+    Py_END_ALLOW_THREADS
+    return PyFloat_FromDouble(gflops);
+}
+
 static PyMethodDef methods[] = {
     {"fingerprint", py_fingerprint, METH_O, fingerprint_doc},
+    {"fma_peak", py_fma_peak, METH_VARARGS, fma_peak_doc},
     {"forward", py_forward, METH_VARARGS, forward_doc},
     {"backward", py_backward, METH_VARARGS, backward_doc},
     {"isa", py_isa, METH_NOARGS, "isa()\n--\n\nThe instruction set the kernels use."},

@@ -673,6 +673,29 @@ static void test_half(const char *isa, const attnx_kernels *kt, int fmt)
     end();
 }
 
+/* ---- fma_burn ---------------------------------------------------------------------- */
+
+/* The peak's kernel counts its flops right (a lane's FMA is 2) and computes
+ * the chains the scalar one does: x ← x·b + c from x = chain number, the
+ * same sum of chains, within float32's rounding of that many steps. */
+static void test_fma_burn(const char *isa, const attnx_kernels *kt)
+{
+    begin(isa, "fma_burn", "flops exact, value 1e-5");
+    float sink;
+    const double width = kt->fma_burn(1, &sink) / (ATTNX_PEAK_CHAINS * 2); /* lanes a vector */
+    expect(width == 4 || width == 8 || width == 16, "%g lanes a vector", width);
+    for (int64_t rounds = 0; rounds <= 1000; rounds += 333) {
+        float got = GUARD, want = GUARD;
+        const double flops = kt->fma_burn(rounds, &got);
+        attnx_kernels_scalar.fma_burn(rounds, &want);
+        cur.cases++;
+        expect(flops == (double)rounds * ATTNX_PEAK_CHAINS * width * 2, "%g flops for %lld rounds",
+               flops, (long long)rounds);
+        expect_within(got, want, 1e-5 * fabs(want) + 1e-6, "sink", (int)rounds, 0);
+    }
+    end();
+}
+
 int main(void)
 {
     rng_state = 0x2545F4914F6CDD1Dull; /* this file's seed */
@@ -701,6 +724,7 @@ int main(void)
         test_score_steps(isa, kt);
         test_half(isa, kt, ATTNX_HALF_F16);
         test_half(isa, kt, ATTNX_HALF_BF16);
+        test_fma_burn(isa, kt);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
     printf("%d passed, %d failed\n", passed, failed);
