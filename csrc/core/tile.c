@@ -7,9 +7,9 @@
 
 #include "core/core.h"
 
-/* The SIMD packers and mask kernels gather down a column with int32
- * offsets: a column whose BQ rows lie further apart than that takes the
- * scalar kernels. */
+/* The SIMD mask kernels gather down a column with int32 offsets: a column
+ * whose BQ rows lie further apart than that takes the scalar kernels (the
+ * packer no longer gathers, but packing with the scalar table costs the same). */
 static const attnx_kernels *kernels_for_stride(const attnx_kernels *kt, int64_t stride)
 {
     const int64_t reach = (stride < 0 ? -stride : stride) * BQ;

@@ -79,8 +79,7 @@ typedef struct attnx_kernels {
     /* Pack an item's queries, pre-scaled and transposed, for qk:
      *   qt[d*ldq + i] = scale * q[i*q_sl + d]  for i < nq
      *   qt[d*ldq + i] = 0                      for nq <= i < nq rounded up to 16
-     * q: (nq, D) rows q_sl apart  qt: (D, ldq).  (W-1) * q_sl must fit in int32
-     * (the SIMD variants gather down a column). */
+     * q: (nq, D) rows q_sl apart  qt: (D, ldq). */
     void (*pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, float scale, float *qt,
                     int64_t ldq);
 
