@@ -116,10 +116,13 @@ def sweep_figure(rows: List[Row]) -> Any:
         ax.axhline(peak, color="black", linestyle="--", linewidth=1,
                    label=f"FP32 FMA peak (measured), {peak:.0f} GFLOP/s")
     ax.set_xscale("log", base=2)
+    lengths = sorted({L for L, _, _ in sweep})
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
     ax.set_xlabel("sequence length L (= Lq = Lk)")
     ax.set_ylabel("GFLOP/s (4·B·H·L²·D / time)")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"Forward, B=1 H=8, {_threads(rows)}")
+    ax.set_title(f"Forward, B=1 H=8, {_threads([r for _, _, r in sweep])}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     return fig
@@ -156,22 +159,28 @@ def decode_figure(rows: List[Row]) -> Any:
 def variants_figure(rows: List[Row]) -> Any:
     """Each variant's speed relative to the call without it (bars), or None without any."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     var = [r for r in rows if _kind(r) == "variant"]
     if not var:
         return None
-    fig = Figure(figsize=(7, 0.45 * len(var) + 1.5), layout="constrained")
+    fig = Figure(figsize=(9, 0.45 * len(var) + 1.5), layout="constrained")
     ax = fig.add_subplot()
     y = list(range(len(var)))[::-1]
     speed = [float(r["vs_base"]) for r in var]
-    bars = ax.barh(y, speed, color=["tab:green" if s >= 1 else "tab:red" for s in speed])
+    # each bar from 1 (as fast as without the variant) to its speed, on a log scale
+    bars = ax.barh(y, [s - 1 for s in speed], left=1,
+                   color=["tab:green" if s >= 1 else "tab:red" for s in speed])
     for bar, s in zip(bars, speed):
-        ax.annotate(f" {s:.2f}x", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
-                    va="center", fontsize="small")
+        ax.annotate(f"{s:.2f}x", (s, bar.get_y() + bar.get_height() / 2), va="center",
+                    ha="left" if s >= 1 else "right", fontsize="small",
+                    xytext=(3 if s >= 1 else -3, 0), textcoords="offset points")
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_yticks(y, [str(r["case"]) for r in var], fontsize="small")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("speed relative to the same call without the variant (> 1: faster)")
+    ax.set_xlim(min(speed + [1.0]) / 1.5, max(speed + [1.0]) * 1.5)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.set_xlabel("speed against the same call without the variant (> 1: faster)")
     ax.set_title(f"Variants, {_threads(var)}")
     ax.grid(True, axis="x", alpha=0.3)
     return fig

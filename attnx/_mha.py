@@ -82,9 +82,12 @@ class MultiHeadAttention:
 
     Attributes
     ----------
-    W_q, W_k, W_v : ndarray, float32, (d_model | kdim | vdim, H*d_head)
+    W_q : ndarray, float32, (d_model, H*d_head)
+    W_k : ndarray, float32, (kdim, H*d_head)
+    W_v : ndarray, float32, (vdim, H*d_head)
     W_o : ndarray, float32, (H*d_head, d_model)
-    b_q, b_k, b_v, b_o : ndarray, float32, (H*d_head,) and (d_model,), or None
+    b_q, b_k, b_v : ndarray, float32, (H*d_head,), or None when ``bias=False``
+    b_o : ndarray, float32, (d_model,), or None when ``bias=False``
         Plain arrays: assign or modify them in place to set weights.
 
     Examples

@@ -154,7 +154,9 @@ def test_sweep_figure_contents():
     dec = _bench_plot.decode_figure(ROWS).axes[0]
     assert len(dec.patches) == 2 * 3                           # attnx and roofline, 3 rows
     var = _bench_plot.variants_figure(ROWS).axes[0]
-    assert sorted(round(p.get_width(), 2) for p in var.patches) == [0.89, 4.9]
+    # bars from 1 (as fast as without the variant) to the row's speed
+    assert sorted((p.get_x(), round(p.get_x() + p.get_width(), 2)) for p in var.patches) == [
+        (1, 0.89), (1, 4.9)]
 
 
 def test_peak_line_only_when_measured():
