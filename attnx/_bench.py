@@ -184,22 +184,20 @@ class Table(NamedTuple):
     title: str
     columns: Tuple[Column, ...]
     note: bool = True        # print the row's "note" after the columns
+    case_width: int = 44     # the width of the case column (longer names push the row right)
 
     def header_line(self) -> str:
-        return f"{'case':<{CASE_WIDTH}}" + "".join(
+        return f"{'case':<{self.case_width}}" + "".join(
             f" {c.heading:>{_width(c)}}" for c in self.columns)
 
     def line(self, row: Row) -> str:
-        text = f"{row['case']:<{CASE_WIDTH}}"
+        text = f"{row['case']:<{self.case_width}}"
         for c in self.columns:
             v = c.value(row)
             text += " " + (c.fmt.format(v) if v is not None else "-").rjust(_width(c))
         if self.note and row.get("note"):
             text += "  " + row["note"]
         return text
-
-
-CASE_WIDTH = 44
 
 
 def _width(c: Column) -> int:
@@ -229,12 +227,13 @@ TABLES: Dict[str, Table] = {
             Column("attnx", _key("attnx_gflops")),
             Column("time vs bool", _key("float_vs_bool_time"), _RATIO),
             Column("RSS MiB", _key("rss_growth_float_MiB"), "{:8.0f}"),
-            Column("bool RSS MiB", _key("rss_growth_bool_MiB"), "{:8.0f}")), note=False),
+            Column("bool RSS MiB", _key("rss_growth_bool_MiB"), "{:8.0f}")), note=False,
+        case_width=66),
     "model": Table(
         "A whole model's step, attn_implementation attnx, sdpa and eager (ms per call)", (
             Column("attnx ms", _ms("attnx_s")), Column("sdpa ms", _ms("sdpa_s")),
             Column("eager ms", _ms("eager_s")), Column("vs sdpa", _key("vs_torch"), _RATIO)),
-        note=False),
+        note=False, case_width=56),
     "dask": Table(
         "attnx.dask on a 2-process LocalCluster against one process (causal GFLOP/s count "
         "half the scores)", (
@@ -247,7 +246,7 @@ TABLES: Dict[str, Table] = {
         "Variants: each call against the same call without the variant, interleaved", (
             Column("ms", _ms("attnx_s")), Column("without ms", _ms("base_s")),
             Column("time", lambda r: r["attnx_s"] / r["base_s"] if r.get("base_s") else None,
-                   _RATIO)), note=False),
+                   _RATIO)), note=False, case_width=54),
 }
 # the table of each kind of row (a row's "kind" is the _Bench method that measured it)
 KIND_TABLE = {"case": "speed", "backward": "speed", "mha_step": "speed", "varlen": "speed",

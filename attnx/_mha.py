@@ -60,10 +60,11 @@ class MultiHeadAttention:
     Shapes (see :meth:`__call__`): ``layer(query, key, value)`` takes query
     (B, Lq, d_model), key (B, Lk, kdim), value (B, Lk, vdim) (batch-first;
     unbatched (L, features) works too) and returns (B, Lq, d_model), plus the
-    weights (B, H, Lq, Lk) with ``need_weights=True``. The user guide's page
-    "The multi-head layer" (:doc:`/guide/mha`) explains the layer, its weights
-    and how it differs from torch's (batch-first, bool masks True = may
-    attend, no dropout).
+    weights (B, H, Lq, Lk) with ``need_weights=True``. ``attn_mask``: bool,
+    True = may attend (torch's MHA: the opposite), or float, added to the
+    scores; broadcastable to (B, H, Lq, Lk). The user guide's page "The
+    multi-head layer" (:doc:`/guide/mha`) explains the layer, its weights and
+    how it differs from torch's.
 
     Parameters
     ----------
