@@ -19,12 +19,17 @@ import platform
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
 Row = Dict[str, Any]
+
+
+class MissingExtra(ImportError):
+    """An optional dependency is missing; the message names the extra that installs it
+    (the command line prints it as one ``error:`` line)."""
 F32 = NDArray[np.float32]
 
 
@@ -33,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
     p.add_argument("--threads", type=int, default=0, help="threads for every contestant (default: attnx's)")
     p.add_argument("--repeats", type=int, default=0, help="timed runs per contestant (default 7, quick 3)")
+    p.add_argument("--plot", metavar="DIR", help="also draw the results as PNG figures into DIR "
+                   "(needs matplotlib: attnx[plot])")
+    p.add_argument("--from-json", metavar="FILE", help="with --plot: draw from a saved --json "
+                   "output instead of running the benchmark")
 
 
 def cpu_name() -> str:
@@ -153,6 +162,99 @@ def _inputs(B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, layout: str = "b
     return [rng.standard_normal(s, dtype=np.float32) for s in shapes]
 
 
+class Column(NamedTuple):
+    """A column of a printed table: its heading, how a row gives its value
+    (None: the cell reads "-") and the format of that value."""
+    heading: str
+    value: Callable[[Row], Optional[float]]
+    fmt: str = "{:8.1f}"
+
+
+def _key(name: str) -> Callable[[Row], Optional[float]]:
+    return lambda row: row.get(name)
+
+
+def _ms(name: str) -> Callable[[Row], Optional[float]]:
+    return lambda row: 1e3 * row[name] if row.get(name) is not None else None
+
+
+class Table(NamedTuple):
+    """One printed table: every row of a kind in :data:`KIND_TABLE` is printed
+    under the columns of its table, so no row has a cell that does not apply."""
+    title: str
+    columns: Tuple[Column, ...]
+    note: bool = True        # print the row's "note" after the columns
+    case_width: int = 44     # the width of the case column (longer names push the row right)
+
+    def header_line(self) -> str:
+        return f"{'case':<{self.case_width}}" + "".join(
+            f" {c.heading:>{_width(c)}}" for c in self.columns)
+
+    def line(self, row: Row) -> str:
+        text = f"{row['case']:<{self.case_width}}"
+        for c in self.columns:
+            v = c.value(row)
+            text += " " + (c.fmt.format(v) if v is not None else "-").rjust(_width(c))
+        if self.note and row.get("note"):
+            text += "  " + row["note"]
+        return text
+
+
+def _width(c: Column) -> int:
+    return max(len(c.heading), len(c.fmt.format(0.0)))
+
+
+_RATIO = "{:8.2f}x"
+TABLES: Dict[str, Table] = {
+    "speed": Table("", (
+        Column("attnx", _key("attnx_gflops")), Column("torch", _key("torch_gflops")),
+        Column("numpy", _key("numpy_gflops")), Column("vs torch", _key("vs_torch"), _RATIO),
+        Column("vs numpy", _key("vs_numpy"), _RATIO))),
+    "decode": Table(
+        "Decoding (Lq=1) reads K and V: GB/s, against a plain reduction over the same bytes "
+        "on as many threads (the roofline)", (
+            Column("attnx GB/s", _key("attnx_GBps")), Column("roofline", _key("roofline_GBps")),
+            Column("of roof", _key("of_roofline"), "{:7.0%}"),
+            Column("vs torch", _key("vs_torch"), _RATIO),
+            Column("vs float32 cache", _key("vs_float32_cache"), _RATIO)), note=False),
+    "memory": Table(
+        "Memory: peak RSS growth during one call, in a fresh process", (
+            Column("attnx", _key("attnx_gflops")),
+            Column("RSS MiB", _key("peak_rss_growth_MiB"), "{:8.0f}"))),
+    "mask": Table(
+        "Backward with a float mask against the same mask as bool (time; RSS growth, "
+        "each in a fresh process)", (
+            Column("attnx", _key("attnx_gflops")),
+            Column("time vs bool", _key("float_vs_bool_time"), _RATIO),
+            Column("RSS MiB", _key("rss_growth_float_MiB"), "{:8.0f}"),
+            Column("bool RSS MiB", _key("rss_growth_bool_MiB"), "{:8.0f}")), note=False,
+        case_width=66),
+    "model": Table(
+        "A whole model's step, attn_implementation attnx, sdpa and eager (ms per call)", (
+            Column("attnx ms", _ms("attnx_s")), Column("sdpa ms", _ms("sdpa_s")),
+            Column("eager ms", _ms("eager_s")), Column("vs sdpa", _key("vs_torch"), _RATIO)),
+        note=False, case_width=56),
+    "dask": Table(
+        "attnx.dask on a 2-process LocalCluster against one process (causal GFLOP/s count "
+        "half the scores)", (
+            Column("attnx", _key("attnx_gflops")),
+            Column("1 process", _key("one_process_gflops")),
+            Column("time vs 1 process",
+                   lambda r: r["attnx_s"] / r["one_process_s"] if r.get("one_process_s") else None,
+                   _RATIO))),
+    "variant": Table(
+        "Variants: each call against the same call without the variant, interleaved", (
+            Column("ms", _ms("attnx_s")), Column("without ms", _ms("base_s")),
+            Column("time", lambda r: r["attnx_s"] / r["base_s"] if r.get("base_s") else None,
+                   _RATIO)), note=False, case_width=54),
+}
+# the table of each kind of row (a row's "kind" is the _Bench method that measured it)
+KIND_TABLE = {"case": "speed", "backward": "speed", "mha_step": "speed", "varlen": "speed",
+              "decode": "decode", "memory": "memory", "backward_memory": "memory",
+              "mask_backward": "mask", "transformers_decoder": "model",
+              "dask_cluster": "dask", "variant": "variant"}
+
+
 class _Bench:
     """The contestants, the settings of one run, and how rows are printed."""
 
@@ -166,6 +268,7 @@ class _Bench:
         self.threads = args.threads or attnx.get_num_threads()
         self.torch: Any = None      # imported through importlib: torch is untyped for mypy here
         self.F: Any = None
+        self._table: Optional[Table] = None     # the table the last printed row belongs to
         try:
             self.torch = importlib.import_module("torch")
             self.F = importlib.import_module("torch.nn.functional")
@@ -173,19 +276,20 @@ class _Bench:
             pass
 
     def emit(self, row: Row) -> None:
+        """Print ``row``: a JSON line, or a line of its kind's table (a new table
+        starts, with its title and columns, when the kind changes)."""
         if self.json:
             print(json.dumps(row), flush=True)
             return
-        fmt = f"{row['case']:<44} {row.get('attnx_gflops', float('nan')):8.1f}"
-        for key in ("torch_gflops", "numpy_gflops"):
-            v = row.get(key)
-            fmt += f" {v:8.1f}" if v is not None else f" {'-':>8}"
-        for key in ("vs_torch", "vs_numpy"):
-            v = row.get(key)
-            fmt += f" {v:8.2f}x" if v is not None else f" {'-':>9}"
-        if row.get("note"):
-            fmt += "  " + row["note"]
-        print(fmt, flush=True)
+        table = TABLES[KIND_TABLE[row.get("kind", "case")]]
+        if table is not self._table:
+            if self._table is not None:
+                print()
+            if table.title:
+                print(table.title)
+            print(table.header_line())
+            self._table = table
+        print(table.line(row), flush=True)
 
     def header(self) -> None:
         if self.json:
@@ -195,7 +299,6 @@ class _Bench:
               + (f", torch {self.torch.__version__}" if self.torch else ", torch not installed"))
         print(f"GFLOP/s = 4·B·H·Lq·Lk·D (backward 10·, forward+backward 14·) / median time per "
               f"call over {self.repeats} interleaved rounds (each a ~30 ms block of back-to-back calls)")
-        print(f"{'case':<44} {'attnx':>8} {'torch':>8} {'numpy':>8} {'vs torch':>9} {'vs numpy':>9}")
 
     def case(self, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, *,
              causal: bool = False, mask: Optional[NDArray[Any]] = None, layout: str = "bhld",
@@ -237,7 +340,6 @@ class _Bench:
         settle = [names.index("numpy")] if numpy else []
         times = dict(zip(names, _time(fns, self.repeats, settle)))
         row = self._row(name, 4.0 * B * Hq * Lq * Lk * D, times, nt)
-        self.emit(row)
         attnx.set_num_threads(0)
         return row
 
@@ -285,7 +387,6 @@ class _Bench:
             if rows:
                 row["vs_float32_cache"] = rows[0]["attnx_s"] / times[0]
                 row["note"] += f"; {row['vs_float32_cache']:.2f}x the float32 cache's speed"
-            self.emit(row)
             rows.append(row)
         attnx.set_num_threads(0)
         return rows
@@ -337,7 +438,6 @@ class _Bench:
         settle = [names.index("numpy")] if numpy else []
         times = dict(zip(names, _time(fns, self.repeats, settle)))
         row = self._row(name, (14.0 if step else 10.0) * B * H * L * L * D, times, self.threads)
-        self.emit(row)
         attnx.set_num_threads(0)
         return row
 
@@ -365,7 +465,6 @@ class _Bench:
         flops = 14.0 * B * L * L * d_model + 2.0 * 3 * 4 * B * L * d_model * d_model
         row = self._row(f"MHA fwd+bwd B={B} L={L} d_model={d_model} H={H}",
                         flops, times, self.threads)
-        self.emit(row)
         attnx.set_num_threads(0)
         return row
 
@@ -416,7 +515,6 @@ class _Bench:
                     "vs_base": t_base / t_var,
                     "note": f"{t_var / t_base:.2f}x the time without it "
                             f"({1e3 * t_var:.1f} ms against {1e3 * t_base:.1f} ms)"}
-        self.emit(row)
         attnx.set_num_threads(0)
         return row
 
@@ -457,7 +555,6 @@ class _Bench:
         row = self._row(f"varlen {B} seqs {lens.min()}..{L}{', fwd+bwd' if grad else ''}, "
                         f"H={H} D={D}", flops, times, self.threads)
         row["note"] = f"torch on the batch padded to {L} ({padding:.0%} padding) with a padding mask"
-        self.emit(row)
         attnx.set_num_threads(0)
         return row
 
@@ -512,7 +609,6 @@ class _Bench:
                         "eager_s": times["eager"], "vs_torch": times["sdpa"] / times["attnx"],
                         "note": f"attnx {1e3 * times['attnx']:.1f} ms, sdpa "
                                 f"{1e3 * times['sdpa']:.1f} ms, eager {1e3 * times['eager']:.1f} ms"}
-            self.emit(row)
             rows.append(row)
         self.attnx.set_num_threads(0)
         return rows
@@ -532,7 +628,6 @@ class _Bench:
                     "one_process_s": numpy_s, "one_process_gflops": flops / numpy_s / 1e9,
                     "note": f"{dask_s:.2f} s vs one process {numpy_s:.2f} s "
                             f"({dask_s / numpy_s:.2f}x the time); {r['case']}"}
-        self.emit(row)
         self.attnx.set_num_threads(0)
         return [row]
 
@@ -546,7 +641,6 @@ class _Bench:
                     "peak_rss_growth_MiB": extra,
                     "note": f"RSS grew {extra:.0f} MiB during the call (the gradients are "
                             f"{grads / 2**20:.0f} MiB)"}
-        self.emit(row)
         return row
 
     def mask_backward(self, L: int, H: int, D: int, mshape: Tuple[int, ...]) -> Row:
@@ -585,7 +679,6 @@ class _Bench:
                     "note": f"{t_float / t_bool:.2f}x the bool mask's time; RSS grew "
                             f"{rss['float']:.0f} MiB (bool {rss['bool']:.0f}, the mask "
                             f"{mask_mib:.1f} MiB; target: bool + mask + 8 MiB)"}
-        self.emit(row)
         attnx.set_num_threads(0)
         return row
 
@@ -598,83 +691,143 @@ class _Bench:
                     "attnx_gflops": 4.0 * H * L * L * D / t / 1e9, "peak_rss_growth_MiB": extra,
                     "note": f"RSS grew {extra:.0f} MiB during the call, which allocates the "
                             f"{data / 2**20:.0f} MiB output (the inputs were allocated before)"}
-        self.emit(row)
         return row
+
+
+Case = Tuple[str, Dict[str, Any]]
+"""A row (or rows) of the benchmark: the _Bench method that measures it, and
+its keyword arguments."""
+
+
+def _forward_cases(quick: bool, nt: int) -> List[Case]:
+    """The forward at B=1 H=8 L=1024 D=64 with its peers, then decoding."""
+    base = dict(B=1, Hq=8, Hk=8, Lq=1024, Lk=1024, D=64)
+    return [
+        ("case", dict(name=f"B=1 H=8 L=1024 D=64, {nt} threads", **base, numpy=True)),
+        *([("case", dict(name="B=1 H=8 L=1024 D=64, 1 thread", **base, threads=1))]
+          if nt > 1 else []),
+        ("case", dict(name="  same, causal", **base, causal=True)),
+        ("case", dict(name="  same, need_weights", **base, need_weights=True, numpy=True)),
+        ("decode", dict(Lk=8192, Hq=32, Hk=32, D=128)),
+        ("decode", dict(Lk=32768, Hq=32, Hk=8, D=128)),     # GQA: the same bytes of cache
+        *([("memory", dict(L=16384, H=8, D=64))] if not quick else []),
+    ]
+
+
+def _training_cases(quick: bool, nt: int, torch: bool) -> List[Case]:
+    """Gradients, the layer, whole models, memory, dask."""
+    base = dict(B=1, H=8, L=1024, D=64)
+    Lm = 1024 if quick else 3072
+    return [
+        ("backward", dict(name=f"fwd+bwd B=1 H=8 L=1024 D=64, {nt} threads", **base)),
+        ("backward", dict(name="  same, backward only", **base, step=False, numpy=True)),
+        ("backward", dict(name="  same, causal backward only", **base, step=False, causal=True)),
+        ("mha_step", dict(B=8, L=256, d_model=512, H=8)),
+        *[("transformers_decoder", dict(L=256 if quick else 1024, dtype=dtype, small=quick))
+          for dtype in ("float32", "bfloat16") if torch],
+        *([("backward_memory", dict(L=16384, H=8, D=64))] if not quick else []),
+        *[("mask_backward", dict(L=Lm, H=8, D=64, mshape=mshape))
+          for mshape in ((1, 1, 1, Lm), (1, 1, Lm, Lm))],
+        ("dask_cluster", dict(L=8192, H=8, D=64, chunk=2048) if quick else
+         dict(L=65536, H=8, D=64, chunk=8192)),
+    ]
+
+
+def _variant_cases(quick: bool) -> List[Case]:
+    """The variants, each against the same call without it; then packed batches."""
+    sinks, slopes = np.linspace(-1, 1, 8, dtype=np.float32), 2.0 ** -np.arange(1, 9, dtype=np.float32)
+    spread = np.linspace(64, 2048, 16).astype(int)    # ~48% padding when padded to 2048
+    Lw, w = (4096, 256) if quick else (16384, 1024)
+    return [
+        *[("variant", dict(name=f"{what}{', causal' if causal else ''} L=1024 H=8 D=64", L=1024,
+                           H=8, D=64, base={"is_causal": causal}, opts=opts))
+          for what, opts in (("sinks", {"sinks": sinks}), ("softcap 30", {"softcap": 30.0}),
+                             ("ALiBi", {"alibi_slopes": slopes}))
+          for causal in (False, True)],
+        *[("variant", dict(name=f"window ({w}, 0) vs causal, L={Lw} H=8 D=64"
+                                f"{', backward' if grad else ''}", L=Lw, H=8, D=64,
+                           base={"is_causal": True}, opts={"window": (w, 0)}, grad=grad))
+          for grad in (False, True)],
+        *[("varlen", dict(lengths=(spread if not quick else spread // 4).tolist(), H=8, D=64,
+                          grad=grad)) for grad in (False, True)],
+    ]
+
+
+def _sweep_cases(quick: bool, torch: bool) -> List[Case]:
+    """The forward over sequence lengths and head sizes, then masks, GQA, layouts, dtypes."""
+    lengths = [16, 128, 1024] if quick else [16, 64, 256, 1024, 4096]
+    dims = [64] if quick else [32, 64, 128]
+    L, D = (256, 64) if quick else (1024, 64)
+    bool_mask = np.random.default_rng(1).random((1, 1, L, L)) > 0.2
+    float_mask = np.where(bool_mask, 0.0, -np.inf).astype(np.float32)
+    pad = np.ones((2, 1, 1, L), dtype=bool)
+    pad[1, ..., L * 3 // 4:] = False
+    one, two = dict(B=1, Hq=8, Hk=8, Lq=L, Lk=L, D=D), dict(B=2, Hq=8, Hk=8, Lq=L, Lk=L, D=D)
+    return [
+        *[("case", dict(name=f"sweep L={n} D={d}", B=1, Hq=8, Hk=8, Lq=n, Lk=n, D=d))
+          for n in lengths for d in dims],
+        ("case", dict(name=f"sweep L={L} D={D} bool mask (1,1,L,L)", **one, mask=bool_mask)),
+        ("case", dict(name=f"sweep L={L} D={D} float mask (1,1,L,L)", **one, mask=float_mask)),
+        ("case", dict(name=f"sweep L={L} D={D} B=2 padding mask (B,1,1,L)", **two, mask=pad)),
+        ("case", dict(name=f"sweep L={L} D={D} causal + padding", **two, mask=pad, causal=True)),
+        ("case", dict(name=f"sweep L={L} D={D} GQA Hq=8 Hk=2", **{**one, "Hk": 2})),
+        ("case", dict(name=f"sweep L={L} D={D} layout blhd", **one, layout="blhd")),
+        *([("case", dict(name=f"sweep L={L} D={D} bfloat16 (torch bfloat16)", **one,
+                         bfloat16=True))] if torch else []),
+    ]
+
+
+def cases(quick: bool, threads: int, torch: bool) -> List[Case]:
+    """Every case of the benchmark, in the order they run (``quick``: fewer and
+    smaller; ``torch``: whether torch is installed, for the rows that need it)."""
+    return (_forward_cases(quick, threads) + _training_cases(quick, threads, torch)
+            + _variant_cases(quick) + _sweep_cases(quick, torch))
+
+
+def measure(b: _Bench, case: Case) -> List[Row]:
+    """Run one case (the method of ``b`` it names), print its rows and return them;
+    each row's "kind" is the method's name."""
+    kind, params = case
+    result: Union[Row, List[Row]] = getattr(b, kind)(**params)
+    rows = result if isinstance(result, list) else [result]
+    for row in rows:
+        row["kind"] = kind
+        b.emit(row)
+    return rows
 
 
 def smoke(args: argparse.Namespace) -> Row:
     """One tiny row through the benchmark's own machinery (the tests call this)."""
     b = _Bench(args)
     b.header()
-    return b.case("smoke B=1 H=2 L=32 D=16", 1, 2, 2, 32, 32, 16, numpy=True)
+    return measure(b, ("case", dict(name="smoke B=1 H=2 L=32 D=16", B=1, Hq=2, Hk=2, Lq=32,
+                                    Lk=32, D=16, numpy=True)))[0]
+
+
+def run_rows(args: argparse.Namespace) -> List[Row]:
+    """The whole benchmark (``--quick``: fewer rows and repeats); prints each row
+    as it is measured and returns them all."""
+    b = _Bench(args)
+    b.header()
+    rows: List[Row] = []
+    for case in cases(b.quick, b.threads, b.torch is not None):
+        rows.extend(measure(b, case))
+    slower = [r["case"] for r in rows if r.get("vs_torch") is not None and r["vs_torch"] < 1.0]
+    if not b.json:
+        print()
+        print(f"rows slower than torch: {len(slower)}" + (": " + "; ".join(slower) if slower else ""))
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
-    """The whole benchmark (``--quick``: fewer rows and repeats); prints each row."""
-    b = _Bench(args)
-    b.header()
-    nt = b.threads
-    rows: List[Row] = []
-    rows.append(b.case(f"B=1 H=8 L=1024 D=64, {nt} threads", 1, 8, 8, 1024, 1024, 64, numpy=True))
-    if nt > 1:
-        rows.append(b.case("B=1 H=8 L=1024 D=64, 1 thread", 1, 8, 8, 1024, 1024, 64, threads=1))
-    rows.append(b.case("  same, causal", 1, 8, 8, 1024, 1024, 64, causal=True))
-    rows.append(b.case("  same, need_weights", 1, 8, 8, 1024, 1024, 64, need_weights=True, numpy=True))
-    rows.extend(b.decode(8192, 32, 32, 128))
-    rows.extend(b.decode(32768, 32, 8, 128))       # GQA: the same bytes of cache
-    if not b.quick:
-        rows.append(b.memory(16384, 8, 64))
-    rows.append(b.backward(f"fwd+bwd B=1 H=8 L=1024 D=64, {nt} threads", 1, 8, 1024, 64))
-    rows.append(b.backward("  same, backward only", 1, 8, 1024, 64, step=False, numpy=True))
-    rows.append(b.backward("  same, causal backward only", 1, 8, 1024, 64, step=False,
-                           causal=True))
-    rows.append(b.mha_step(8, 256, 512, 8))
-    if b.torch:
-        for dtype in ("float32", "bfloat16"):
-            rows.extend(b.transformers_decoder(256 if b.quick else 1024, dtype, small=b.quick))
-    if not b.quick:
-        rows.append(b.backward_memory(16384, 8, 64))
-    Lm = 1024 if b.quick else 3072
-    for mshape in ((1, 1, 1, Lm), (1, 1, Lm, Lm)):
-        rows.append(b.mask_backward(Lm, 8, 64, mshape))
-    rows.extend(b.dask_cluster(8192, 8, 64, 2048) if b.quick else b.dask_cluster(65536, 8, 64, 8192))
-    # the variants: each against the same call without it
-    sinks, slopes = np.linspace(-1, 1, 8, dtype=np.float32), 2.0 ** -np.arange(1, 9, dtype=np.float32)
-    for what, opts in (("sinks", {"sinks": sinks}), ("softcap 30", {"softcap": 30.0}),
-                       ("ALiBi", {"alibi_slopes": slopes})):
-        for causal in (False, True):
-            rows.append(b.variant(f"{what}{', causal' if causal else ''} L=1024 H=8 D=64", 1024, 8, 64,
-                                  {"is_causal": causal}, opts))
-    spread = np.linspace(64, 2048, 16).astype(int)    # ~48% padding when padded to 2048
-    for grad in (False, True):
-        rows.append(b.varlen((spread if not b.quick else spread // 4).tolist(), 8, 64, grad=grad))
-    Lw, w = (4096, 256) if b.quick else (16384, 1024)
-    for grad in (False, True):
-        rows.append(b.variant(f"window ({w}, 0) vs causal, L={Lw} H=8 D=64"
-                              f"{', backward' if grad else ''}", Lw, 8, 64,
-                              {"is_causal": True}, {"window": (w, 0)}, grad=grad))
-    lengths = [16, 128, 1024] if b.quick else [16, 64, 256, 1024, 4096]
-    dims = [64] if b.quick else [32, 64, 128]
-    for L in lengths:
-        for D in dims:
-            H = 8
-            rows.append(b.case(f"sweep L={L} D={D}", 1, H, H, L, L, D))
-    L, D = (256, 64) if b.quick else (1024, 64)
-    rng = np.random.default_rng(1)
-    bool_mask = rng.random((1, 1, L, L)) > 0.2
-    float_mask = np.where(bool_mask, 0.0, -np.inf).astype(np.float32)
-    pad = np.ones((2, 1, 1, L), dtype=bool)
-    pad[1, ..., L * 3 // 4:] = False
-    rows.append(b.case(f"sweep L={L} D={D} bool mask (1,1,L,L)", 1, 8, 8, L, L, D, mask=bool_mask))
-    rows.append(b.case(f"sweep L={L} D={D} float mask (1,1,L,L)", 1, 8, 8, L, L, D, mask=float_mask))
-    rows.append(b.case(f"sweep L={L} D={D} B=2 padding mask (B,1,1,L)", 2, 8, 8, L, L, D, mask=pad))
-    rows.append(b.case(f"sweep L={L} D={D} causal + padding", 2, 8, 8, L, L, D, mask=pad, causal=True))
-    rows.append(b.case(f"sweep L={L} D={D} GQA Hq=8 Hk=2", 1, 8, 2, L, L, D))
-    rows.append(b.case(f"sweep L={L} D={D} layout blhd", 1, 8, 8, L, L, D, layout="blhd"))
-    if b.torch:
-        rows.append(b.case(f"sweep L={L} D={D} bfloat16 (torch bfloat16)", 1, 8, 8, L, L, D,
-                           bfloat16=True))
-    slower = [r["case"] for r in rows if r.get("vs_torch") is not None and r["vs_torch"] < 1.0]
-    if not b.json:
-        print(f"rows slower than torch: {len(slower)}" + (": " + "; ".join(slower) if slower else ""))
+    """``python -m attnx bench``: the benchmark, and with ``--plot DIR`` its figures
+    (``--from-json FILE``: drawn from a saved ``--json`` output, nothing run)."""
+    if args.plot is None:
+        run_rows(args)
+        return 0
+    from . import _bench_plot
+    _bench_plot.require_matplotlib()          # before minutes of measuring
+    rows = _bench_plot.read_json(args.from_json) if args.from_json else run_rows(args)
+    for path in _bench_plot.plot(rows, args.plot):
+        print(f"wrote {path}", file=sys.stderr)
     return 0

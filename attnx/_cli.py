@@ -8,7 +8,8 @@
 * ``python -m attnx demo``: self-attention over the sentence "The animal
   didn't cross the street because it was too tired", the weights printed as a table, checked against the float64 reference; exits 1 if it
   does not match.
-* ``python -m attnx bench``: the speed benchmark (see ``--help``).
+* ``python -m attnx bench``: the speed benchmark (see ``--help``); ``--plot DIR``
+  draws its results (``attnx._bench_plot``).
 
 Mistakes on the command line print one ``error:`` line and exit 2, never a
 traceback.
@@ -176,6 +177,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.repeats < 0:
             bench_parser.error(f"argument --repeats: must be a positive integer "
                                f"(0: the default); got {args.repeats}")
+        if args.from_json and args.plot is None:
+            bench_parser.error("argument --from-json: only with --plot DIR (it draws a saved "
+                               "--json output)")
 
     for w in _env_warnings():
         print(f"warning: {w}", file=sys.stderr)
@@ -194,7 +198,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except BrokenPipeError:
         raise
-    except (ValueError, TypeError, OSError) as exc:
+    except (ValueError, TypeError, OSError, _bench.MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -57,34 +57,29 @@ class MultiHeadAttention:
     ``head_h = softmax(Q_h K_hᵀ / sqrt(d_head) + mask) V_h`` and
     ``Q = query @ W_q + b_q``, ``K = key @ W_k + b_k``, ``V = value @ W_v + b_v``.
 
-    ``d_model`` need not be divisible by ``num_heads`` (the GloVe embeddings of
-    many tutorials have 50, 100, 200 or 300 features): the inputs are projected to
-    ``H * d_head`` features and ``W_o`` maps the concatenated heads back to
-    ``d_model``.
-
     Shapes (see :meth:`__call__`): ``layer(query, key, value)`` takes query
     (B, Lq, d_model), key (B, Lk, kdim), value (B, Lk, vdim) (batch-first;
     unbatched (L, features) works too) and returns (B, Lq, d_model), plus the
     weights (B, H, Lq, Lk) with ``need_weights=True``. ``attn_mask``: bool,
-    True = may attend, or float, added to the scores; broadcastable to
-    (B, H, Lq, Lk).
+    True = may attend (torch's MHA: the opposite), or float, added to the
+    scores; broadcastable to (B, H, Lq, Lk). The user guide's page "The
+    multi-head layer" (:doc:`/guide/mha`) explains the layer, its weights and
+    how it differs from torch's.
 
     Parameters
     ----------
     d_model : int
-        Features of the query (and of the output).
+        Features of the query (and of the output); need not divide by ``num_heads``.
     num_heads : int
         Number of heads H.
     d_head : int, optional
-        Features per head; defaults to ``max(1, d_model // num_heads)``
-        (so 50 features and 8 heads give d_head 6 and H*d_head = 48).
+        Features per head; defaults to ``max(1, d_model // num_heads)``.
     bias : bool
         Whether the four projections have biases (initialised to zeros).
     kdim, vdim : int, optional
-        Features of key and value (cross-attention from another model's
-        states); default ``d_model``.
+        Features of key and value; default ``d_model``.
     seed : int or numpy.random.Generator, optional
-        Seed of ``np.random.default_rng`` for the initial weights.
+        Seed of ``np.random.default_rng`` for the initial (Xavier-uniform) weights.
 
     Attributes
     ----------
@@ -94,30 +89,7 @@ class MultiHeadAttention:
     W_o : ndarray, float32, (H*d_head, d_model)
     b_q, b_k, b_v : ndarray, float32, (H*d_head,), or None when ``bias=False``
     b_o : ndarray, float32, (d_model,), or None when ``bias=False``
-        Plain arrays: assign or modify them in place to set weights (the
-        shapes are checked at each call). Initialised Xavier-uniform
-        (``U(-a, a)``, ``a = sqrt(6 / (fan_in + fan_out))``), biases zero.
-
-    Notes
-    -----
-    Differences from ``torch.nn.MultiheadAttention``:
-
-    * Inputs are always batch-first, (B, L, features) (torch's default is
-      ``batch_first=False``, (L, B, features)); unbatched (L, features) works.
-    * A bool ``attn_mask`` means **True = may attend** (the attnx and
-      ``F.scaled_dot_product_attention`` convention). torch's MHA bool
-      ``attn_mask`` is the **opposite** (True = blocked): pass ``~mask``.
-    * torch's ``key_padding_mask`` (B, Lk), True = pad, corresponds to
-      ``key_lengths`` (no mask needed), or to an ``attn_mask`` of
-      ``~key_padding_mask[:, None, None, :]``.
-    * ``need_weights`` defaults to False (torch: True) and the weights are per
-      head unless ``average_weights=True`` (torch's
-      ``average_attn_weights=True`` is its default).
-    * No dropout (inference), no ``add_bias_kv`` or ``add_zero_attn``.
-    * A query row with no allowed key gives zeros before ``W_o`` (so ``b_o``
-      after it), never NaN (torch gives NaN).
-
-    Load a trained torch layer with :meth:`from_torch` or :meth:`load_torch`.
+        Plain arrays: assign or modify them in place to set weights.
 
     Examples
     --------
@@ -128,10 +100,6 @@ class MultiHeadAttention:
     >>> x = np.random.default_rng(1).standard_normal((2, 7, 50), dtype=np.float32)
     >>> mha(x, is_causal=True, key_lengths=[7, 4]).shape      # decoder self-attention
     (2, 7, 50)
-    >>> memory = np.ones((2, 5, 50), dtype=np.float32)
-    >>> out, w = mha(x, memory, need_weights=True)             # cross-attention
-    >>> out.shape, w.shape
-    ((2, 7, 50), (2, 8, 7, 5))
     """
 
     d_model: int

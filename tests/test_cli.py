@@ -118,7 +118,7 @@ def test_help(args):
     prog = " ".join(["python -m attnx"] + args[:-1])
     assert res.stdout.startswith(f"usage: {prog} ")
     if args[0] == "bench":
-        for opt in ("--quick", "--json", "--threads", "--repeats"):
+        for opt in ("--quick", "--json", "--threads", "--repeats", "--plot", "--from-json"):
             assert opt in res.stdout
     if args == ["--help"]:
         assert all(c in res.stdout for c in ("info", "demo", "bench", "ATTNX_ISA"))
