@@ -207,7 +207,8 @@ def _width(c: Column) -> int:
 _RATIO = "{:8.2f}x"
 TABLES: Dict[str, Table] = {
     "speed": Table("", (
-        Column("attnx", _key("attnx_gflops")), Column("torch", _key("torch_gflops")),
+        Column("attnx", _key("attnx_gflops")), Column("of peak", _key("of_peak"), "{:7.0%}"),
+        Column("torch", _key("torch_gflops")),
         Column("numpy", _key("numpy_gflops")), Column("vs torch", _key("vs_torch"), _RATIO),
         Column("vs numpy", _key("vs_numpy"), _RATIO))),
     "decode": Table(
@@ -269,6 +270,7 @@ class _Bench:
         self.torch: Any = None      # imported through importlib: torch is untyped for mypy here
         self.F: Any = None
         self._table: Optional[Table] = None     # the table the last printed row belongs to
+        self._peaks: Dict[int, float] = {}      # the FMA peak measured in this run, per thread count
         try:
             self.torch = importlib.import_module("torch")
             self.F = importlib.import_module("torch.nn.functional")
@@ -299,6 +301,9 @@ class _Bench:
               + (f", torch {self.torch.__version__}" if self.torch else ", torch not installed"))
         print(f"GFLOP/s = 4·B·H·Lq·Lk·D (backward 10·, forward+backward 14·) / median time per "
               f"call over {self.repeats} interleaved rounds (each a ~30 ms block of back-to-back calls)")
+        print(f"FP32 FMA peak measured now ({self.attnx.isa()}, register-only FMA chains): "
+              f"{self._peak(self.threads):.0f} GFLOP/s on {self.threads} thread(s); "
+              f"'of peak' is attnx's share of the peak for the row's thread count")
 
     def case(self, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, *,
              causal: bool = False, mask: Optional[NDArray[Any]] = None, layout: str = "bhld",
@@ -391,9 +396,19 @@ class _Bench:
         attnx.set_num_threads(0)
         return rows
 
+    def _peak(self, nt: int) -> float:
+        """The FP32 FMA peak of attnx's instruction set on ``nt`` threads, GFLOP/s,
+        measured by the core in this run (once per thread count; best of three
+        runs of 0.1 s): the compute roofline of the rows."""
+        if nt not in self._peaks:
+            from . import _attnx
+            self._peaks[nt] = _attnx.fma_peak(nt, 0.3)
+        return self._peaks[nt]
+
     def _row(self, name: str, flops: float, times: Dict[str, float], nt: int) -> Row:
         row: Row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
-                    "attnx_gflops": flops / times["attnx"] / 1e9}
+                    "attnx_gflops": flops / times["attnx"] / 1e9, "peak_gflops": self._peak(nt)}
+        row["of_peak"] = row["attnx_gflops"] / row["peak_gflops"]
         for n in ("torch", "numpy"):
             if n in times:
                 row[f"{n}_s"] = times[n]

@@ -165,5 +165,8 @@ def test_bench_smoke_row_json(capsys):
 def test_bench_smoke_table(capsys):
     lines = smoke(capsys).splitlines()
     assert lines[0].startswith(f"attnx {attnx.__version__}, ISA ")
-    assert lines[2].split()[:4] == ["case", "attnx", "torch", "numpy"]
-    assert lines[3].startswith("smoke ") and len(lines) == 4
+    peak = lines[2].split()
+    assert peak[:4] == ["FP32", "FMA", "peak", "measured"] and float(peak[peak.index("GFLOP/s") - 1]) > 0
+    assert lines[3].split()[:6] == ["case", "attnx", "of", "peak", "torch", "numpy"]
+    assert lines[4].startswith("smoke ") and len(lines) == 5
+    assert lines[4].split()[6].endswith("%")     # after "smoke B=1 H=2 L=32 D=16" and attnx: its share of the peak
