@@ -15,7 +15,7 @@ attnx`` never imports it).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import Any, Iterator, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 import torch
@@ -218,6 +218,40 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
         return (back(g.query, query, need[0]), back(g.key, key, need[1]),
                 back(g.value, value, need[2]), back(g.attn_mask, attn_mask, need[3]),
                 back(g.sinks, sinks, need[4]), None, None)
+
+
+# need_weights=False (the default) returns a tensor, True a pair: overloads, so
+# that a typed caller's ``out.sum()`` type-checks (a plain bool: either)
+@overload
+def scaled_dot_product_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[Any] = None,
+        query_lengths: Optional[Any] = None, window: Window = None,
+        sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
+        alibi_slopes: Optional[Any] = None, alignment: Alignment = None,
+        need_weights: Literal[False] = False) -> torch.Tensor: ...
+@overload
+def scaled_dot_product_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[Any] = None,
+        query_lengths: Optional[Any] = None, window: Window = None,
+        sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
+        alibi_slopes: Optional[Any] = None, alignment: Alignment = None,
+        need_weights: Literal[True]) -> Tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def scaled_dot_product_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        layout: Layout = "bhld", key_lengths: Optional[Any] = None,
+        query_lengths: Optional[Any] = None, window: Window = None,
+        sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
+        alibi_slopes: Optional[Any] = None, alignment: Alignment = None,
+        need_weights: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 def scaled_dot_product_attention(

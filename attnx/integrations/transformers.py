@@ -97,7 +97,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                      need_weights=need_weights)
     if not need_weights:
         return cast(torch.Tensor, res).transpose(1, 2).contiguous(), None
-    out, weights = cast(Tuple[torch.Tensor, torch.Tensor], res)
+    out, weights = res
     if full_kv_len > kv_len:        # the empty slots of a static cache: weight 0, as "eager"
         weights = torch.nn.functional.pad(weights, (0, full_kv_len - kv_len))
     return out.transpose(1, 2).contiguous(), weights
