@@ -117,7 +117,12 @@ def test_every_public_name_has_an_api_entry(module: str) -> None:
 
 @pytest.mark.parametrize("module", list(PUBLIC_MODULES))
 def test_every_public_name_has_a_docstring_with_shapes(module: str) -> None:
-    mod = importlib.import_module(module) if module != "attnx" else attnx
+    try:
+        mod = importlib.import_module(module) if module != "attnx" else attnx
+    except ModuleNotFoundError as e:    # its optional dependency (torch, dask) not installed
+        if e.name is None or e.name.split(".")[0] == "attnx":
+            raise
+        pytest.skip(f"{module} needs {e.name}, not installed")
     problems = []
     for name in public_names(module):
         obj = getattr(mod, name)

@@ -625,8 +625,10 @@ static PyObject *py_fma_peak(PyObject *self, PyObject *args)
     int threads;
     double seconds, gflops;
     if (!PyArg_ParseTuple(args, "id:fma_peak", &threads, &seconds)) return NULL;
-    if (!(seconds > 0.0 && seconds <= 60.0)) {
-        PyErr_Format(PyExc_ValueError, "fma_peak: seconds must be in (0, 60]; got %g", seconds);
+    if (!(seconds > 0.0 && seconds <= 60.0)) { /* (PyErr_Format has no %g) */
+        char msg[96];
+        snprintf(msg, sizeof msg, "fma_peak: seconds must be in (0, 60]; got %g", seconds);
+        PyErr_SetString(PyExc_ValueError, msg);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
