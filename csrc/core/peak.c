@@ -47,9 +47,8 @@ double attnx_fma_peak(int num_threads, double seconds)
         j.rounds *= 4;
     }
     j.rounds = (int64_t)((double)j.rounds * (seconds / 3.0) / (dt > 0.0 ? dt : 1e-9)) + 1;
-    double best = 0.0;
-    for (int run = 0; run < 3;
-         run++) { /* the best of three: a descheduled thread only lowers one */
+    double best = 0.0; /* the best of three runs: a descheduled thread only lowers one */
+    for (int run = 0; run < 3; run++) {
         const double t0 = seconds_now();
         attnx_parallel_items(nt, nt, burn_item, &j);
         const double t = seconds_now() - t0;

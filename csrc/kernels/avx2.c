@@ -70,8 +70,6 @@ static inline void hsum4_avx2(__m256 a, __m256 b, __m256 c, __m256 d, float out[
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
 }
 #define V_HSUM4(a, b, c, d, out) hsum4_avx2(a, b, c, d, out)
-#define V_GATHER_F(base, idx) \
-    _mm256_i32gather_ps(base, _mm256_loadu_si256((const __m256i *)(idx)), 4)
 
 /* Bytes have no gather: fetch the aligned dword holding each byte (it never
  * crosses a page, so it is as safe to read as the byte) and shift it out. */

@@ -66,7 +66,6 @@ static inline void hsum4_avx512(__m512 a, __m512 b, __m512 c, __m512 d, float ou
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
 }
 #define V_HSUM4(a, b, c, d, out) hsum4_avx512(a, b, c, d, out)
-#define V_GATHER_F(base, idx) _mm512_i32gather_ps(_mm512_loadu_si512(idx), base, 4)
 
 /* Bytes have no gather: fetch the aligned dword holding each byte (it never
  * crosses a page, so it is as safe to read as the byte) and shift it out. */

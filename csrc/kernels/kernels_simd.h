@@ -20,7 +20,6 @@
  *             the ISA has a fused form
  *   V_ZERO_BELOW(y, x, lo)  y where !(x < lo) (NaN kept), else 0
  *   V_HSUM(x)  the sum of the lanes, a float
- *   V_GATHER_F(base, idx)  lanes base[idx[l]] (idx: int32_t[W])
  *   V_KEEP_BYTES(x, base, idx, fill)  x where base[idx[l]] != 0, else fill
  */
 

@@ -53,11 +53,6 @@ static inline void store_first_neon(float *p, int n, float32x4_t x)
     vst1q_f32(tmp, x);
     for (int i = 0; i < n; i++) p[i] = tmp[i];
 }
-static inline float32x4_t gather_neon(const float *base, const int32_t *idx)
-{
-    const float tmp[4] = {base[idx[0]], base[idx[1]], base[idx[2]], base[idx[3]]};
-    return vld1q_f32(tmp);
-}
 static inline float32x4_t keep_bytes_neon(float32x4_t x, const unsigned char *base,
                                           const int32_t *idx, float32x4_t fill)
 {
@@ -65,7 +60,6 @@ static inline float32x4_t keep_bytes_neon(float32x4_t x, const unsigned char *ba
                               base[idx[2]] ? ~0u : 0u, base[idx[3]] ? ~0u : 0u};
     return vbslq_f32(vld1q_u32(keep), x, fill);
 }
-#define V_GATHER_F(base, idx) gather_neon(base, idx)
 #define V_KEEP_BYTES(x, base, idx, fill) keep_bytes_neon(x, base, idx, fill)
 #define V_MASK(n) (n)
 #define V_LOAD_M(p, n) load_first_neon(p, n)
