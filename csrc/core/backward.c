@@ -129,7 +129,7 @@ static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_g
         kt->softcap_bwd(s->dpt, s->capped, BQ, nq, nk, 1.0f / p->softcap);
     kt->ptx(s->dpt, BQ, nq, q, p->q.sl, nk, p->D, at(&g->dk, b, hk, j0), /* dK += dSᵀ Q */
             g->dk.sl);
-    kt->pv(s->dpt, BQ, nq, k, p->k.sl, nk, p->D, NULL, s->dqacc, bj->plan.ldqa); /* dQ += dS K */
+    kt->pv(s->dpt, BQ, 1, nq, k, p->k.sl, nk, p->D, NULL, s->dqacc, bj->plan.ldqa); /* dQ += dS K */
 }
 
 /* A block's queries packed, its upstream gradient packed, its lse and

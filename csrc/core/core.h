@@ -167,7 +167,7 @@ attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan);
  *   | with half-precision K/V: kbuf (BK, D) | vbuf (BK, Dv) */
 typedef struct {
     float *qt;            /* (D, BQ) packed queries, or (nq, D) rows for qk_dot */
-    float *st;            /* (BK, BQ) scores, then probabilities */
+    float *st;            /* (BK, BQ) scores, then probabilities; (nq, BK) when decoding */
     float *acc;           /* (BQ, ldacc) unnormalised output rows */
     float *m, *l, *alpha; /* (BQ) each: running max, sum, rescale factor */
     float *kbuf, *vbuf;   /* a tile of keys and values converted to float32, or NULL */
@@ -212,16 +212,18 @@ void attnx_pack_rows_t(const attnx_kernels *kt, const float *x, int64_t x_sl, in
 /* Scores of one tile, masked: st (nk, BQ) = scale · Q[i0 ..] · K[j0 ..]ᵀ, then
  * softcap, ALiBi, causal and window, and the mask, for queries i0 .. i0+nq-1
  * of head (b, h) and keys j0 .. j0+nk-1. qt holds the queries packed by
- * attnx_pack_rows_t, or as rows (nq, D) when rows is set (kt->qk_dot, for
- * few queries); k the tile's key rows (nk, D), k_sl apart. capped (nk, BQ), when not NULL and the
- * problem has a softcap: the scores right after the softcap (for its backward). */
+ * attnx_pack_rows_t; or, when rows is set (kt->qk_dot, for few queries), the
+ * query rows (nq, D), and st is the decoding tile (nq, BK), a query's keys
+ * contiguous. k: the tile's key rows (nk, D), k_sl apart. capped (nk, BQ),
+ * when not NULL and the problem has a softcap: the scores right after the
+ * softcap (for its backward). */
 void attnx_score_tile(const attnx_run *r, const float *qt, int rows, const float *k, int64_t k_sl,
                       int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nk, float *st,
                       float *capped);
 
 /* The steps of attnx_score_tile after the products q·k in st. */
-void attnx_finish_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0,
-                       int nk, float *st, float *capped);
+void attnx_finish_tile(const attnx_run *r, int rows, int64_t b, int64_t h, int64_t i0, int nq,
+                       int64_t j0, int nk, float *st, float *capped);
 
 /* The score of query i against key j of head (b, h), every step of
  * attnx_score_tile applied, in scalar code (-inf where it is not allowed). */

@@ -87,8 +87,8 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
         const attnx_half_tensor *k = &p->k16;
         jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq,
                                 k->data + it->b * k->sb + it->hk * k->sh + j0 * k->sl, k->sl, nk,
-                                s->st, BQ);
-        attnx_finish_tile(&jb->run, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL);
+                                s->st, BK);
+        attnx_finish_tile(&jb->run, 1, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL);
         return;
     }
     int64_t k_sl;
@@ -102,28 +102,39 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
                        int nk, const float *alpha)
 {
     const attnx_problem *p = jb->run.p;
-    if (p->v16.data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
+    const int rows = rows_layout(jb, it->nq);
+    const int64_t s_key = rows ? 1 : BQ, s_row = rows ? BK : 1; /* the tile's layout */
+    if (p->v16.data && rows) { /* decoding a half cache: convert in registers */
         const attnx_half_tensor *v = &p->v16;
-        jb->run.kt->pv_half(p->half_format, s->st, BQ, it->nq,
+        jb->run.kt->pv_half(p->half_format, s->st, s_key, s_row, it->nq,
                             v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl, v->sl, nk, p->Dv,
                             alpha, s->acc, jb->plan.ldacc);
         return;
     }
     int64_t v_sl;
     const float *v = attnx_kv_rows(&jb->run, 1, it->b, it->hk, j0, nk, s->vbuf, &v_sl);
-    jb->run.kt->pv(s->st, BQ, it->nq, v, v_sl, nk, jb->run.p->Dv, alpha, s->acc, jb->plan.ldacc);
+    jb->run.kt->pv(s->st, s_key, s_row, it->nq, v, v_sl, nk, jb->run.p->Dv, alpha, s->acc,
+                   jb->plan.ldacc);
+}
+
+/* The online softmax of a tile, in its layout. */
+static void softmax_tile(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int nk)
+{
+    if (rows_layout(jb, it->nq))
+        jb->run.kt->softmax_rows(s->st, BK, it->nq, nk, s->m, s->l, s->alpha);
+    else
+        jb->run.kt->softmax_online(s->st, BQ, it->nq, nk, s->m, s->l, s->alpha);
 }
 
 void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
                        int64_t kstop, float *part)
 {
-    const attnx_kernels *kt = jb->run.kt;
     const int nq = it->nq;
     start_rows(jb, s, it);
     for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
         const int nk = (int)min64(BK, kstop - j0);
         scores(jb, s, it, j0, nk);
-        kt->softmax_online(s->st, BQ, nq, nk, s->m, s->l, s->alpha);
+        softmax_tile(jb, s, it, nk);
         add_values(jb, s, it, j0, nk, s->alpha);
     }
     if (!part) {
@@ -143,7 +154,7 @@ static void weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_vi
     for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
         scores(jb, s, it, j0, nk);
-        jb->run.kt->softmax_online(s->st, BQ, it->nq, nk, s->m, s->l, s->alpha);
+        softmax_tile(jb, s, it, nk);
     }
     attnx_fold_sinks(jb, s, it);
     for (int i = 0; i < BQ; i++) /* a NaN sum gives a NaN inverse: it propagates */
@@ -161,9 +172,15 @@ void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view
     for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
         scores(jb, s, it, j0, nk);
-        kt->softmax_final(s->st, BQ, nq, nk, s->m, s->alpha);
-        for (int i = 0; i < nq; i++) /* transpose: contiguous stores, reads in L1 */
-            for (int j = 0; j < nk; j++) it->w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
+        if (rows_layout(jb, nq)) {
+            kt->softmax_rows_final(s->st, BK, nq, nk, s->m, s->alpha);
+            for (int i = 0; i < nq; i++)
+                memcpy(it->w + i * p->Lk + j0, s->st + i * BK, sizeof(float) * (size_t)nk);
+        } else {
+            kt->softmax_final(s->st, BQ, nq, nk, s->m, s->alpha);
+            for (int i = 0; i < nq; i++) /* transpose: contiguous stores, reads in L1 */
+                for (int j = 0; j < nk; j++) it->w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
+        }
         add_values(jb, s, it, j0, nk, NULL);
     }
     attnx_write_rows(jb, s, it, 0);

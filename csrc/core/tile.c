@@ -7,32 +7,52 @@
 
 #include "core/core.h"
 
-/* The SIMD mask kernels gather down a column with int32 offsets: a column
- * whose BQ rows lie further apart than that takes the scalar kernels (the
- * packer no longer gathers, but packing with the scalar table costs the same). */
-static const attnx_kernels *kernels_for_stride(const attnx_kernels *kt, int64_t stride)
+/* The SIMD mask kernels gather along a vector's lanes with int32 offsets: a
+ * mask whose `lanes` elements lie further apart than that takes the scalar
+ * kernels (the packer no longer gathers, but packing with the scalar table
+ * costs the same). */
+static const attnx_kernels *kernels_for_stride(const attnx_kernels *kt, int64_t stride,
+                                               int64_t lanes)
 {
-    const int64_t reach = (stride < 0 ? -stride : stride) * BQ;
+    const int64_t reach = (stride < 0 ? -stride : stride) * lanes;
     return reach < INT32_MAX ? kt : &attnx_kernels_scalar;
 }
 
 void attnx_pack_rows_t(const attnx_kernels *kt, const float *x, int64_t x_sl, int nq, int64_t n,
                        float scale, float *xt)
 {
-    kernels_for_stride(kt, x_sl)->pack_qt(x, x_sl, nq, n, scale, xt, BQ);
+    kernels_for_stride(kt, x_sl, BQ)->pack_qt(x, x_sl, nq, n, scale, xt, BQ);
+}
+
+/* A tile of scores in either layout: score (i, j) at st[j*s_key + i*s_row].
+ * The tile kernels put queries in the lanes, (nk, BQ); the decoding tile of
+ * qk_dot has a query's keys contiguous, (nq, BK). The steps below are
+ * element by element, so on a decoding tile they call the same kernels with
+ * the roles of queries and keys exchanged (lanes = keys, lines = queries). */
+typedef struct {
+    float *st;
+    int64_t s_key, s_row;
+    int rows; /* the decoding tile */
+} tile_view;
+
+static tile_view view_of(float *st, int rows)
+{
+    return (tile_view){.st = st, .s_key = rows ? 1 : BQ, .s_row = rows ? BK : 1, .rows = rows};
 }
 
 /* Causal and the window: row i sees keys [i0 + i + lo, i0 + i + hi] (the
  * head's band); the rest of the tile is -inf. Only tiles that cross an edge
  * of the band have anything to block. */
-static void band_tile(const head_bounds *hb, int64_t i0, int nq, int64_t j0, int nk, float *st)
+static void band_tile(const head_bounds *hb, int64_t i0, int nq, int64_t j0, int nk,
+                      const tile_view *t)
 {
     if (j0 >= i0 + nq - 1 + hb->lo && j0 + nk - 1 <= i0 + hb->hi) return;
     for (int i = 0; i < nq; i++) {
         const int64_t from = clamp64(i0 + i + hb->lo - j0, 0, nk);
         const int64_t to = clamp64(i0 + i + hb->hi + 1 - j0, from, nk);
-        for (int64_t j = 0; j < from; j++) st[j * BQ + i] = -INFINITY;
-        for (int64_t j = to; j < nk; j++) st[j * BQ + i] = -INFINITY;
+        float *si = t->st + i * t->s_row;
+        for (int64_t j = 0; j < from; j++) si[j * t->s_key] = -INFINITY;
+        for (int64_t j = to; j < nk; j++) si[j * t->s_key] = -INFINITY;
     }
 }
 
@@ -40,32 +60,41 @@ static void band_tile(const head_bounds *hb, int64_t i0, int nq, int64_t j0, int
  * applied late, the softcap (its result copied to capped, if not NULL, for
  * the backward), ALiBi. */
 static void shape_scores(const attnx_run *r, const head_bounds *hb, int64_t b, int64_t h,
-                         int64_t i0, int nq, int64_t j0, int nk, float *st, float *capped)
+                         int64_t i0, int nq, int64_t j0, int nk, const tile_view *t, float *capped)
 {
     const attnx_problem *p = r->p;
+    float *st = t->st;
     if (r->post_scale != 1.0f)
         for (int j = 0; j < nk; j++)
-            for (int i = 0; i < nq; i++) st[j * BQ + i] *= r->post_scale;
+            for (int i = 0; i < nq; i++) st[j * t->s_key + i * t->s_row] *= r->post_scale;
+    /* lanes and lines of the kernels: queries and keys, or the other way round */
+    const int64_t ld = t->rows ? BK : BQ;
+    const int lanes = t->rows ? nk : nq, lines = t->rows ? nq : nk;
     if (p->softcap > 0.0f) {
-        r->kt->softcap(st, BQ, nq, nk, p->softcap, 1.0f / p->softcap);
-        if (capped) memcpy(capped, st, sizeof(float) * BQ * (size_t)nk);
+        r->kt->softcap(st, ld, lanes, lines, p->softcap, 1.0f / p->softcap);
+        if (capped) memcpy(capped, st, sizeof(float) * (size_t)ld * (size_t)lines);
     }
-    if (p->alibi.data)
-        r->kt->alibi(st, BQ, nq, nk, p->alibi.data[b * p->alibi.sb + h * p->alibi.sh],
-                     i0 + hb->offset - j0);
+    if (p->alibi.data) { /* |c + i - j| = |-c + j - i| */
+        const float slope = p->alibi.data[b * p->alibi.sb + h * p->alibi.sh];
+        const int64_t c = i0 + hb->offset - j0;
+        r->kt->alibi(st, ld, lanes, lines, slope, t->rows ? -c : c);
+    }
 }
 
 static void mask_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0,
-                      int nk, float *st)
+                      int nk, const tile_view *t)
 {
     const attnx_mask *m = &r->p->mask;
     if (m->kind == ATTNX_MASK_NONE) return;
-    const attnx_kernels *kt = kernels_for_stride(r->kt, m->sq);
     const int64_t at = b * m->sb + h * m->sh + i0 * m->sq + j0 * m->sk;
+    const int64_t ld = t->rows ? BK : BQ, s_lane = t->rows ? m->sk : m->sq;
+    const int64_t s_line = t->rows ? m->sq : m->sk;
+    const int lanes = t->rows ? nk : nq, lines = t->rows ? nq : nk;
+    const attnx_kernels *kt = kernels_for_stride(r->kt, s_lane, ld);
     if (m->kind == ATTNX_MASK_BOOL)
-        kt->mask_bool(st, BQ, nq, nk, (const unsigned char *)m->data + at, m->sq, m->sk);
+        kt->mask_bool(t->st, ld, lanes, lines, (const unsigned char *)m->data + at, s_lane, s_line);
     else
-        kt->mask_float(st, BQ, nq, nk, (const float *)m->data + at, m->sq, m->sk);
+        kt->mask_float(t->st, ld, lanes, lines, (const float *)m->data + at, s_lane, s_line);
 }
 
 const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk, int64_t j0,
@@ -102,19 +131,20 @@ void attnx_score_tile(const attnx_run *r, const float *qt, int rows, const float
 {
     const attnx_problem *p = r->p;
     if (rows)
-        r->kt->qk_dot(qt, p->D, nq, k, k_sl, nk, st, BQ);
+        r->kt->qk_dot(qt, p->D, nq, k, k_sl, nk, st, BK);
     else
         r->kt->qk(qt, BQ, nq, k, k_sl, nk, p->D, st);
-    attnx_finish_tile(r, b, h, i0, nq, j0, nk, st, capped);
+    attnx_finish_tile(r, rows, b, h, i0, nq, j0, nk, st, capped);
 }
 
-void attnx_finish_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int nq, int64_t j0,
-                       int nk, float *st, float *capped)
+void attnx_finish_tile(const attnx_run *r, int rows, int64_t b, int64_t h, int64_t i0, int nq,
+                       int64_t j0, int nk, float *st, float *capped)
 {
     const head_bounds hb = bounds_of(r->p, b, h);
-    shape_scores(r, &hb, b, h, i0, nq, j0, nk, st, capped);
-    band_tile(&hb, i0, nq, j0, nk, st);
-    mask_tile(r, b, h, i0, nq, j0, nk, st);
+    const tile_view t = view_of(st, rows);
+    shape_scores(r, &hb, b, h, i0, nq, j0, nk, &t, capped);
+    band_tile(&hb, i0, nq, j0, nk, &t);
+    mask_tile(r, b, h, i0, nq, j0, nk, &t);
 }
 
 float attnx_score_one(const attnx_run *r, int64_t b, int64_t h, int64_t i, int64_t j)
@@ -128,7 +158,8 @@ float attnx_score_one(const attnx_run *r, int64_t b, int64_t h, int64_t i, int64
         s += r->pre_scale * q[d] * attnx_kv_at(p, 0, b, kv_head(p, h), j, d);
     /* the steps of a tile, on a tile of one score with the scalar kernels */
     const attnx_run one = {.p = p, .kt = &attnx_kernels_scalar, .post_scale = r->post_scale};
-    shape_scores(&one, &hb, b, h, i, 1, j, 1, &s, NULL);
+    const tile_view t = view_of(&s, 0);
+    shape_scores(&one, &hb, b, h, i, 1, j, 1, &t, NULL);
     const attnx_mask *m = &p->mask;
     const int64_t at = b * m->sb + h * m->sh + i * m->sq + j * m->sk;
     if (m->kind == ATTNX_MASK_BOOL && !((const unsigned char *)m->data)[at]) return -INFINITY;

@@ -45,12 +45,13 @@ typedef struct attnx_kernels {
     void (*qk)(const float *qt, int64_t ldq, int nq, const float *k, int64_t k_sl, int nk,
                int64_t D, float *st);
 
-    /* The same scores for a few queries (decoding): dot products along D.
-     * st[j*ldq + i] = sum_d qr[i*D + d] * k[j*k_sl + d]
-     * qr: (nq, D) packed, pre-scaled query rows  k: (nk, D) rows k_sl apart  st: (nk, ldq).
+    /* The same scores for a few queries (decoding): dot products along D,
+     * written as rows, the keys of a query contiguous (the decoding tile):
+     * st[i*ldk + j] = sum_d qr[i*D + d] * k[j*k_sl + d]
+     * qr: (nq, D) packed, pre-scaled query rows  k: (nk, D) rows k_sl apart  st: (nq, ldk).
      * Used when nq <= dot_max_nq, where qk would waste most lanes of a vector. */
     void (*qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,
-                   float *st, int64_t ldq);
+                   float *st, int64_t ldk);
     int dot_max_nq;
 
     /* Online softmax over one tile of keys, per query i < nq:
@@ -66,6 +67,13 @@ typedef struct attnx_kernels {
      *   st[j][i] = exp(st[j][i] - m'[i]) * inv_l[i]   st: (nk, ldq)  m, inv_l: (ldq) */
     void (*softmax_final)(float *st, int64_t ldq, int nq, int nk, const float *m,
                           const float *inv_l);
+
+    /* softmax_online and softmax_final on a decoding tile, the keys of a
+     * query contiguous (qk_dot's layout): the same steps with st[i*ldk + j]
+     * for st[j][i]. st: (nq, ldk)  m, l, alpha, inv_l: (nq) */
+    void (*softmax_rows)(float *st, int64_t ldk, int nq, int nk, float *m, float *l, float *alpha);
+    void (*softmax_rows_final)(float *st, int64_t ldk, int nq, int nk, const float *m,
+                               const float *inv_l);
 
     /* Masks on a tile of scores; element (i, j) of the mask is m[i*sq + j*sk]
      * (element strides of any sign, 0 = broadcast; |sq| * ldq must fit in int32).
@@ -90,10 +98,11 @@ typedef struct attnx_kernels {
     int (*store_rows)(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
                       float *out, int64_t out_sl);
 
-    /* acc[i][:] = alpha[i] * acc[i][:] + sum_j pt[j*ldq + i] * v[j*v_sl + :]
-     * (alpha NULL: no rescale)  pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc) */
-    void (*pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,
-               int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
+    /* acc[i][:] = alpha[i] * acc[i][:] + sum_j pt[j*s_key + i*s_row] * v[j*v_sl + :]
+     * (alpha NULL: no rescale)  pt: (nk, ldq) as (s_key, s_row) = (ldq, 1), or a decoding
+     * tile (nq, ldk) as (1, ldk)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc) */
+    void (*pv)(const float *pt, int64_t s_key, int64_t s_row, int nq, const float *v, int64_t v_sl,
+               int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
 
     /* Backward: the tile's transpose times rows of x, summed over the queries:
      *   acc[j][:] += sum_i pt[j*ldq + i] * x[i*x_sl + :]     (j < nk, i < nq)
@@ -134,13 +143,14 @@ typedef struct attnx_kernels {
      * registers as they are read: the same results, bit for bit, as qk_dot on
      * the rows converted by half_rows.  k: (nk, D) 16-bit, rows k_sl apart */
     void (*qk_dot_half)(int fmt, const float *qr, int64_t D, int nq, const uint16_t *k,
-                        int64_t k_sl, int nk, float *st, int64_t ldq);
+                        int64_t k_sl, int nk, float *st, int64_t ldk);
 
     /* pv for few queries (decoding) over 16-bit values, converted in
      * registers as they are read: the same results, bit for bit, as pv on the
      * rows converted by half_rows.  v: (nk, Dv) 16-bit, rows v_sl apart */
-    void (*pv_half)(int fmt, const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
-                    int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
+    void (*pv_half)(int fmt, const float *pt, int64_t s_key, int64_t s_row, int nq,
+                    const uint16_t *v, int64_t v_sl, int nk, int64_t Dv, const float *alpha,
+                    float *acc, int64_t ldacc);
 
     /* The compute roofline: rounds × ATTNX_PEAK_CHAINS independent chains of
      * vector fused multiply-adds on registers, nothing else (attnx_fma_peak).

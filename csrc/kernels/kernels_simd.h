@@ -129,9 +129,10 @@ ATTNX_INLINE const void *key_at(const void *k, int64_t at, const int kind)
 
 /* Keys j0 .. j0+NK-1 (NK 1..4) against query rows i0 .. i0+MR-1 (MR 1..4):
  * each vector of a key is loaded (and converted) once for all the rows, and
- * the four sums of a row are reduced together (V_HSUM4). */
+ * the four sums of a row are reduced together (V_HSUM4) into its 4 scores,
+ * adjacent in the decoding tile. */
 ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64_t D, const void *k,
-                               int64_t k_sl, float *st, int64_t ldq, const int kind)
+                               int64_t k_sl, float *st, int64_t ldk, const int kind)
 {
     const int64_t dfull = D / W * W;
     const int tail = (int)(D - dfull);
@@ -157,16 +158,20 @@ ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64
         }
     }
     for (int i = 0; i < MR; i++) {
+        if (NK == 4) {
+            V_HSUM4(a[i][0], a[i][1], a[i][2], a[i][3], st + i * ldk);
+            continue;
+        }
         float sums[4];
         V_HSUM4(a[i][0], a[i][1], a[i][2], a[i][3], sums);
-        for (int r = 0; r < NK; r++) st[r * ldq + i] = sums[r];
+        for (int r = 0; r < NK; r++) st[i * ldk + r] = sums[r];
     }
 }
 
 #define QD_CASE(mr, nk)                                                                        \
     case (mr) * 8 + (nk):                                                                      \
-        qk_dot_block(mr, nk, qr + i * D, D, key_at(k, j * k_sl, kind), k_sl, st + j * ldq + i, \
-                     ldq, kind);                                                               \
+        qk_dot_block(mr, nk, qr + i * D, D, key_at(k, j * k_sl, kind), k_sl, st + i * ldk + j, \
+                     ldk, kind);                                                               \
         break;
 
 /* Decoding streams each key and value row from memory once: ask for the
@@ -196,9 +201,9 @@ ATTNX_INLINE void prefetch_row(const void *base, int64_t at, int64_t bytes)
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const void *)(row + o), 0, 0);
 }
 
-// qr: (nq, D)  k: (nk, D) rows k_sl apart (float or 16-bit)  st: (nk, ldq)
+// qr: (nq, D)  k: (nk, D) rows k_sl apart (float or 16-bit)  st: (nq, ldk)
 ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, int64_t k_sl,
-                             int nk, float *st, int64_t ldq, const int kind)
+                             int nk, float *st, int64_t ldk, const int kind)
 {
     const int64_t esize = kind ? 2 : 4, ahead = rows_ahead(k_sl * esize);
     for (int j = 0; j < nk; j += 4) {
@@ -218,65 +223,25 @@ ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, 
 }
 
 static void SUFFIX(qk_dot)(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,
-                           float *st, int64_t ldq)
+                           float *st, int64_t ldk)
 {
-    qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, 0);
+    qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldk, 0);
 }
 
 static void SUFFIX(qk_dot_half)(int fmt, const float *qr, int64_t D, int nq, const uint16_t *k,
-                                int64_t k_sl, int nk, float *st, int64_t ldq)
+                                int64_t k_sl, int nk, float *st, int64_t ldk)
 {
     if (fmt == ATTNX_HALF_BF16)
-        qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, ROW_BF16);
+        qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldk, ROW_BF16);
     else
-        qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldq, ROW_F16);
+        qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldk, ROW_F16);
 }
 
 /* ---- online softmax, one query per lane ----------------------------------- */
 // st: (nk, ldq)  m, l, alpha: (ldq)
-/* One query row of softmax_online, its keys in the lanes: for the few rows
- * of decoding (nq <= dot_max_nq, the rows qk_dot scores), where one lane per
- * query would leave most of a vector idle and take an exp per key. Each row
- * is computed alone, so a row gives the same bits among 1 or 8 rows. The
- * row's column of st (nk <= ATTNX_BK) is copied out, padded with -inf to
- * whole vectors (exp gives 0 there), and written back as probabilities. The
- * same max, exp and NaN rules as the lanes. */
-ATTNX_INLINE void softmax_row(float *s, int64_t ldq, int nk, float *m, float *l, float *alpha)
-{
-    float buf[ATTNX_BK + W], lanes[W];
-    const int nv = (nk + W - 1) / W;
-    for (int j = 0; j < nk; j++) buf[j] = s[j * ldq];
-    for (int j = nk; j < nv * W; j++) buf[j] = -INFINITY;
-    VF mv = V_SET1(*m);
-    for (int c = 0; c < nv; c++) mv = V_MAX(V_LOAD(buf + c * W), mv);
-    V_STORE(lanes, mv);
-    float mx = lanes[0];
-    for (int t = 1; t < W; t++) mx = lanes[t] > mx ? lanes[t] : mx;
-    const VF msub = V_SET1(mx == -INFINITY ? 0.0f : mx);
-    V_STORE(lanes, v_exp(V_SUB(V_SET1(*m), msub)));
-    const float a = lanes[0];
-    VF sum = V_ZERO();
-    for (int c = 0; c < nv; c++) {
-        const VF p = v_exp(V_SUB(V_LOAD(buf + c * W), msub));
-        V_STORE(buf + c * W, p);
-        sum = V_ADD(sum, p);
-    }
-    V_STORE(lanes, sum);
-    float total = 0.0f;
-    for (int t = 0; t < W; t++) total += lanes[t];
-    for (int j = 0; j < nk; j++) s[j * ldq] = buf[j];
-    *l = *l * a + total;
-    *m = mx;
-    *alpha = a;
-}
-
 static void SUFFIX(softmax_online)(float *st, int64_t ldq, int nq, int nk, float *m, float *l,
                                    float *alpha)
 {
-    if (nq <= W / 2 && nk <= ATTNX_BK) {
-        for (int i = 0; i < nq; i++) softmax_row(st + i, ldq, nk, m + i, l + i, alpha + i);
-        return;
-    }
     const VF ninf = V_SET1(-INFINITY);
     for (int i = 0; i < nq; i += W) {
         const VF m_old = V_LOAD(m + i);
@@ -323,6 +288,81 @@ static void SUFFIX(softmax_final)(float *st, int64_t ldq, int nq, int nk, const 
         const VF il = V_LOAD(inv_l + i);
         for (int j = 0; j < nk; j++)
             V_STORE(st + j * ldq + i, V_MUL(v_exp(V_SUB(V_LOAD(st + j * ldq + i), msub)), il));
+    }
+}
+
+/* ---- the decoding tile's softmax: keys in the lanes ------------------------
+ * For the few rows of decoding (qk_dot's layout, a query's keys contiguous):
+ * one exp per W keys, where one lane per query would leave most of a vector
+ * idle and take an exp per key. Each row is computed alone, so a row gives
+ * the same bits among 1 or 8 rows. The same max, exp and NaN rules as the
+ * lanes; the last partial vector is read padded with -inf (exp gives 0). */
+ATTNX_INLINE VF row_part(const float *s, int n)
+{
+    float t[W];
+    for (int l = 0; l < W; l++) t[l] = l < n ? s[l] : -INFINITY;
+    return V_LOAD(t);
+}
+
+ATTNX_INLINE float lanes_max(VF x)
+{
+    float t[W];
+    V_STORE(t, x);
+    float mx = t[0];
+    for (int l = 1; l < W; l++) mx = t[l] > mx ? t[l] : mx;
+    return mx;
+}
+
+// st: (nq, ldk)  m, l, alpha: (nq)
+static void SUFFIX(softmax_rows)(float *st, int64_t ldk, int nq, int nk, float *m, float *l,
+                                 float *alpha)
+{
+    const int full = nk / W * W, tail = nk - full;
+    for (int i = 0; i < nq; i++) {
+        float *s = st + i * ldk;
+        VF mv = V_SET1(m[i]);
+        for (int j = 0; j < full; j += W) mv = V_MAX(V_LOAD(s + j), mv);
+        if (tail) mv = V_MAX(row_part(s + full, tail), mv);
+        const float mx = lanes_max(mv);
+        const VF msub = V_SET1(mx == -INFINITY ? 0.0f : mx);
+        float t[W];
+        V_STORE(t, v_exp(V_SUB(V_SET1(m[i]), msub)));
+        const float a = t[0];
+        VF sum = V_ZERO();
+        for (int j = 0; j < full; j += W) {
+            const VF p = v_exp(V_SUB(V_LOAD(s + j), msub));
+            V_STORE(s + j, p);
+            sum = V_ADD(sum, p);
+        }
+        if (tail) {
+            const VF p = v_exp(V_SUB(row_part(s + full, tail), msub));
+            V_STORE(t, p);
+            for (int j = 0; j < tail; j++) s[full + j] = t[j];
+            sum = V_ADD(sum, p);
+        }
+        V_STORE(t, sum);
+        float total = 0.0f;
+        for (int lane = 0; lane < W; lane++) total += t[lane];
+        l[i] = l[i] * a + total;
+        m[i] = mx;
+        alpha[i] = a;
+    }
+}
+
+// st: (nq, ldk)  m, inv_l: (nq)
+static void SUFFIX(softmax_rows_final)(float *st, int64_t ldk, int nq, int nk, const float *m,
+                                       const float *inv_l)
+{
+    const int full = nk / W * W, tail = nk - full;
+    for (int i = 0; i < nq; i++) {
+        float *s = st + i * ldk, t[W];
+        const VF msub = V_SET1(m[i] == -INFINITY ? 0.0f : m[i]), il = V_SET1(inv_l[i]);
+        for (int j = 0; j < full; j += W)
+            V_STORE(s + j, V_MUL(v_exp(V_SUB(V_LOAD(s + j), msub)), il));
+        if (tail) {
+            V_STORE(t, V_MUL(v_exp(V_SUB(row_part(s + full, tail), msub)), il));
+            for (int j = 0; j < tail; j++) s[full + j] = t[j];
+        }
     }
 }
 
@@ -490,25 +530,26 @@ ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, 
     }
 }
 
-// pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
-static void SUFFIX(pv)(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,
-                       int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+// pt: element (j, i) at pt[j*s_key + i*s_row]  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
+static void SUFFIX(pv)(const float *pt, int64_t s_key, int64_t s_row, int nq, const float *v,
+                       int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
+                       int64_t ldacc)
 {
-    if (nq <= W / 2) /* decoding: values streamed from memory, prefetched */
-        pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 1);
+    if (s_key == 1) /* a decoding tile: values streamed from memory, prefetched */
+        pv_any(pt, 1, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 1);
     else
-        pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 0);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 0);
 }
 
-// pt: (nk, ldq)  v: (nk, Dv) 16-bit, rows v_sl apart  acc: (nq, ldacc)
-static void SUFFIX(pv_half)(int fmt, const float *pt, int64_t ldq, int nq, const uint16_t *v,
-                            int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
-                            int64_t ldacc)
+// pt: as pv  v: (nk, Dv) 16-bit, rows v_sl apart  acc: (nq, ldacc)
+static void SUFFIX(pv_half)(int fmt, const float *pt, int64_t s_key, int64_t s_row, int nq,
+                            const uint16_t *v, int64_t v_sl, int nk, int64_t Dv, const float *alpha,
+                            float *acc, int64_t ldacc)
 {
     if (fmt == ATTNX_HALF_BF16)
-        pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_BF16, 1);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_BF16, 1);
     else
-        pv_any(pt, ldq, 1, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F16, 1);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F16, 1);
 }
 
 /* ---- backward: acc (nk rows) += Pᵀ-tile · x ------------------------------- */
@@ -635,6 +676,8 @@ const attnx_kernels SUFFIX(attnx_kernels) = {
     .dot_max_nq = W / 2,
     .softmax_online = SUFFIX(softmax_online),
     .softmax_final = SUFFIX(softmax_final),
+    .softmax_rows = SUFFIX(softmax_rows),
+    .softmax_rows_final = SUFFIX(softmax_rows_final),
     .mask_float = SUFFIX(mask_float),
     .mask_bool = SUFFIX(mask_bool),
     .pack_qt = SUFFIX(pack_qt),

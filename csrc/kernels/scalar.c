@@ -18,34 +18,34 @@ static void qk_scalar(const float *qt, int64_t ldq, int nq, const float *k, int6
     }
 }
 
-// qr: (nq, D)  k: (nk, D) rows k_sl apart  st: (nk, ldq)
+// qr: (nq, D)  k: (nk, D) rows k_sl apart  st: (nq, ldk)
 static void qk_dot_scalar(const float *qr, int64_t D, int nq, const float *k, int64_t k_sl, int nk,
-                          float *st, int64_t ldq)
+                          float *st, int64_t ldk)
 {
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < nq; i++) {
             float sum = 0.0f;
             for (int64_t d = 0; d < D; d++) sum += qr[i * D + d] * k[j * k_sl + d];
-            st[j * ldq + i] = sum;
+            st[i * ldk + j] = sum;
         }
 }
 
-// st: (nk, ldq)  m, l, alpha: (ldq)
-static void softmax_online_scalar(float *st, int64_t ldq, int nq, int nk, float *m, float *l,
-                                  float *alpha)
+/* Both layouts: score (i, j) at st[j*s_key + i*s_row]. */
+static void softmax_online_any(float *st, int64_t s_key, int64_t s_row, int nq, int nk, float *m,
+                               float *l, float *alpha)
 {
     for (int i = 0; i < nq; i++) {
         float mx = m[i];
         for (int j = 0; j < nk; j++) {
-            const float s = st[j * ldq + i];
+            const float s = st[j * s_key + i * s_row];
             mx = s > mx ? s : mx; /* a NaN score never becomes the max */
         }
         const float msub = mx == -INFINITY ? 0.0f : mx;
         const float a = attnx_expf(m[i] - msub);
         float sum = 0.0f;
         for (int j = 0; j < nk; j++) {
-            const float p = attnx_expf(st[j * ldq + i] - msub);
-            st[j * ldq + i] = p;
+            const float p = attnx_expf(st[j * s_key + i * s_row] - msub);
+            st[j * s_key + i * s_row] = p;
             sum += p;
         }
         l[i] = l[i] * a + sum;
@@ -54,15 +54,42 @@ static void softmax_online_scalar(float *st, int64_t ldq, int nq, int nk, float 
     }
 }
 
-// st: (nk, ldq)  m, inv_l: (ldq)
-static void softmax_final_scalar(float *st, int64_t ldq, int nq, int nk, const float *m,
-                                 const float *inv_l)
+static void softmax_final_any(float *st, int64_t s_key, int64_t s_row, int nq, int nk,
+                              const float *m, const float *inv_l)
 {
     for (int i = 0; i < nq; i++) {
         const float msub = m[i] == -INFINITY ? 0.0f : m[i];
         for (int j = 0; j < nk; j++)
-            st[j * ldq + i] = attnx_expf(st[j * ldq + i] - msub) * inv_l[i];
+            st[j * s_key + i * s_row] = attnx_expf(st[j * s_key + i * s_row] - msub) * inv_l[i];
     }
+}
+
+// st: (nk, ldq)  m, l, alpha: (ldq)
+static void softmax_online_scalar(float *st, int64_t ldq, int nq, int nk, float *m, float *l,
+                                  float *alpha)
+{
+    softmax_online_any(st, ldq, 1, nq, nk, m, l, alpha);
+}
+
+// st: (nk, ldq)  m, inv_l: (ldq)
+static void softmax_final_scalar(float *st, int64_t ldq, int nq, int nk, const float *m,
+                                 const float *inv_l)
+{
+    softmax_final_any(st, ldq, 1, nq, nk, m, inv_l);
+}
+
+// st: (nq, ldk)  m, l, alpha: (nq)
+static void softmax_rows_scalar(float *st, int64_t ldk, int nq, int nk, float *m, float *l,
+                                float *alpha)
+{
+    softmax_online_any(st, 1, ldk, nq, nk, m, l, alpha);
+}
+
+// st: (nq, ldk)  m, inv_l: (nq)
+static void softmax_rows_final_scalar(float *st, int64_t ldk, int nq, int nk, const float *m,
+                                      const float *inv_l)
+{
+    softmax_final_any(st, 1, ldk, nq, nk, m, inv_l);
 }
 
 // st: (nk, ldq)  m: element (i, j) at m[i*sq + j*sk]
@@ -116,16 +143,17 @@ static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv
     return bad;
 }
 
-// pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
-static void pv_scalar(const float *pt, int64_t ldq, int nq, const float *v, int64_t v_sl, int nk,
-                      int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+// pt: element (j, i) at pt[j*s_key + i*s_row]  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc)
+static void pv_scalar(const float *pt, int64_t s_key, int64_t s_row, int nq, const float *v,
+                      int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
+                      int64_t ldacc)
 {
     for (int i = 0; i < nq; i++) {
         float *ai = acc + i * ldacc;
         if (alpha)
             for (int64_t d = 0; d < Dv; d++) ai[d] *= alpha[i];
         for (int j = 0; j < nk; j++) {
-            const float p = pt[j * ldq + i];
+            const float p = pt[j * s_key + i * s_row];
             const float *vj = v + j * v_sl;
             for (int64_t d = 0; d < Dv; d++) ai[d] += p * vj[d];
         }
@@ -196,30 +224,31 @@ static void half_rows_scalar(int fmt, const uint16_t *src, int64_t src_sl, int r
             dst[j * n + d] = attnx_half16_to_float(fmt, src[j * src_sl + d]);
 }
 
-// qr: (nq, D)  k: (nk, D) 16-bit, rows k_sl apart  st: (nk, ldq)
+// qr: (nq, D)  k: (nk, D) 16-bit, rows k_sl apart  st: (nq, ldk)
 static void qk_dot_half_scalar(int fmt, const float *qr, int64_t D, int nq, const uint16_t *k,
-                               int64_t k_sl, int nk, float *st, int64_t ldq)
+                               int64_t k_sl, int nk, float *st, int64_t ldk)
 {
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < nq; i++) {
             float sum = 0.0f;
             for (int64_t d = 0; d < D; d++)
                 sum += qr[i * D + d] * attnx_half16_to_float(fmt, k[j * k_sl + d]);
-            st[j * ldq + i] = sum;
+            st[i * ldk + j] = sum;
         }
 }
 
-// pt: (nk, ldq)  v: (nk, Dv) 16-bit, rows v_sl apart  acc: (nq, ldacc)
-static void pv_half_scalar(int fmt, const float *pt, int64_t ldq, int nq, const uint16_t *v,
-                           int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
-                           int64_t ldacc)
+// pt: element (j, i) at pt[j*s_key + i*s_row]  v: (nk, Dv) 16-bit, rows v_sl apart
+// acc: (nq, ldacc)
+static void pv_half_scalar(int fmt, const float *pt, int64_t s_key, int64_t s_row, int nq,
+                           const uint16_t *v, int64_t v_sl, int nk, int64_t Dv, const float *alpha,
+                           float *acc, int64_t ldacc)
 {
     for (int i = 0; i < nq; i++) {
         float *ai = acc + i * ldacc;
         if (alpha)
             for (int64_t d = 0; d < Dv; d++) ai[d] *= alpha[i];
         for (int j = 0; j < nk; j++) {
-            const float p = pt[j * ldq + i];
+            const float p = pt[j * s_key + i * s_row];
             const uint16_t *vj = v + j * v_sl;
             for (int64_t d = 0; d < Dv; d++) ai[d] += p * attnx_half16_to_float(fmt, vj[d]);
         }
@@ -244,6 +273,8 @@ const attnx_kernels attnx_kernels_scalar = {
     .dot_max_nq = 4,
     .softmax_online = softmax_online_scalar,
     .softmax_final = softmax_final_scalar,
+    .softmax_rows = softmax_rows_scalar,
+    .softmax_rows_final = softmax_rows_final_scalar,
     .mask_float = mask_float_scalar,
     .mask_bool = mask_bool_scalar,
     .pack_qt = pack_qt_scalar,

@@ -173,13 +173,33 @@ static void compare_tile(const float *got, const float *want, int nk, int nq, in
     expect(got[nk * LDQ] == GUARD, "%s row %d written past nk", what, nk);
 }
 
-/* ---- qk and qk_dot: st (nk, LDQ) = K · Qt ------------------------------------ */
+/* Compare a decoding tile (nq, LDQ), a query's keys contiguous: keys j < nk
+ * compared, the rest of each row and the row past nq untouched. */
+static void compare_rows(const float *got, const float *want, int nq, int nk, int exact,
+                         const float *bound, const char *what)
+{
+    for (int i = 0; i < nq; i++) {
+        for (int j = 0; j < nk; j++) {
+            const float g = got[i * LDQ + j], w = want[i * LDQ + j];
+            if (exact)
+                expect_same(g, w, what, i, j);
+            else
+                expect_within(g, w, bound[j * LDQ + i], what, i, j);
+        }
+        for (int j = nk; j < LDQ; j++)
+            expect(got[i * LDQ + j] == GUARD, "%s[%d][%d] written past nk", what, i, j);
+    }
+    expect(got[nq * LDQ] == GUARD, "%s row %d written past nq", what, nq);
+}
+
+/* ---- qk: st (nk, LDQ) = K · Qt; qk_dot: the decoding tile st (nq, LDQ) = Q · Kᵀ -- */
 
 static void qk_case(const attnx_kernels *kt, int nq, int nk, int D, int exact, int dot)
 {
     const int k_sl = D + 3;
     float *q = malloc(sizeof(float) * (size_t)(D * LDQ)), *k = malloc(sizeof(float) * nk * k_sl);
-    float *st = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    const size_t lines = (size_t)(dot ? nq : nk) + 1; /* (nk, LDQ), or (nq, LDQ) for qk_dot */
+    float *st = guarded(lines * LDQ), *ref = guarded(lines * LDQ);
     float *bound = calloc((size_t)nk * LDQ, sizeof(float));
     fill(q, (size_t)D * LDQ, exact); /* qt (D, LDQ), or rows (nq, D) for qk_dot */
     fill(k, (size_t)nk * k_sl, exact);
@@ -190,9 +210,13 @@ static void qk_case(const attnx_kernels *kt, int nq, int nk, int D, int exact, i
                 mag += fabs((double)k[j * k_sl + d] * (dot ? q[i * D + d] : q[d * LDQ + i]));
             bound[j * LDQ + i] = (float)((D + 2) * 0x1p-23 * mag);
         }
-    if (dot) {
+    if (dot) { /* nk <= 17 keys and nq <= 8 rows fit the tile */
         kt->qk_dot(q, D, nq, k, k_sl, nk, st, LDQ);
         attnx_kernels_scalar.qk_dot(q, D, nq, k, k_sl, nk, ref, LDQ);
+        cur.cases++;
+        compare_rows(st, ref, nq, nk, exact, bound, "st");
+        free(q), free(k), free(st), free(ref), free(bound);
+        return;
     } else {
         for (int d = 0; d < D; d++) /* lanes past nq: finite padding, as packed */
             for (int i = nq; i < LDQ; i++) q[d * LDQ + i] = 0.0f;
@@ -219,9 +243,10 @@ static void test_qk(const char *isa, const attnx_kernels *kt, int dot)
 /* ---- pv and ptx: acc += Pᵀ-tile products ---------------------------------------- */
 
 /* pv: acc (nq, ldacc) = alpha · acc + Σ_j pt[j][i] · v[j]; ptx: acc (nk, n)
- * += Σ_i pt[j][i] · x[i]. Rows of acc past the width keep their guard. */
+ * += Σ_i pt[j][i] · x[i]. Rows of acc past the width keep their guard. pv
+ * reads the tile as (nk, LDQ), or with rows set as the decoding tile (nq, LDQ). */
 static void pv_case(const attnx_kernels *kt, int nq, int nk, int n, int exact, int transposed,
-                    int with_alpha)
+                    int with_alpha, int rows_tile)
 {
     const int rows = transposed ? nk : nq, terms = transposed ? nq : nk, sl = n + 2;
     const int ld = ATTNX_ROUND16(n) + 16;
@@ -246,9 +271,16 @@ static void pv_case(const attnx_kernels *kt, int nq, int nk, int n, int exact, i
     if (transposed) {
         kt->ptx(pt, LDQ, nq, x, sl, nk, n, acc, ld);
         attnx_kernels_scalar.ptx(pt, LDQ, nq, x, sl, nk, n, ref, ld);
+    } else if (rows_tile) { /* the same values as the decoding tile (nq, LDQ) */
+        float *pr = calloc((size_t)(nq > nk ? nq : nk) * LDQ, sizeof(float));
+        for (int j = 0; j < nk; j++)
+            for (int i = 0; i < nq; i++) pr[i * LDQ + j] = pt[j * LDQ + i];
+        kt->pv(pr, 1, LDQ, nq, x, sl, nk, n, al, acc, ld);
+        attnx_kernels_scalar.pv(pt, LDQ, 1, nq, x, sl, nk, n, al, ref, ld);
+        free(pr);
     } else {
-        kt->pv(pt, LDQ, nq, x, sl, nk, n, al, acc, ld);
-        attnx_kernels_scalar.pv(pt, LDQ, nq, x, sl, nk, n, al, ref, ld);
+        kt->pv(pt, LDQ, 1, nq, x, sl, nk, n, al, acc, ld);
+        attnx_kernels_scalar.pv(pt, LDQ, 1, nq, x, sl, nk, n, al, ref, ld);
     }
     cur.cases++;
     for (int r = 0; r < rows; r++) {
@@ -275,9 +307,10 @@ static void test_pv(const char *isa, const attnx_kernels *kt, int transposed)
                 for (int c = 0; c < 8; c++) {      /* the terms summed */
                     const int rows = a + 1, terms = few[c];
                     if (transposed)
-                        pv_case(kt, terms, rows, size_at(b), exact, 1, 0);
+                        pv_case(kt, terms, rows, size_at(b), exact, 1, 0, 0);
                     else
-                        pv_case(kt, rows, terms, size_at(b), exact, 0, (a + b + c) % 3 != 0);
+                        pv_case(kt, rows, terms, size_at(b), exact, 0, (a + b + c) % 3 != 0,
+                                (a + b + c) % 2);
                 }
         end();
     }
@@ -303,17 +336,29 @@ static float score(int kind, int i, int j)
     }
 }
 
-static void softmax_case(const attnx_kernels *kt, int nq, int nk, int kind, int final)
+/* The tile in either layout: (nk, LDQ), or with rows set the decoding tile (nq, LDQ). */
+static float *at_ij(float *st, int rows, int i, int j)
 {
-    float *st = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    return rows ? st + i * LDQ + j : st + j * LDQ + i;
+}
+
+static void softmax_case(const attnx_kernels *kt, int nq, int nk, int kind, int final, int rows)
+{
+    const size_t lines = (size_t)(rows ? nq : nk) + 1;
+    float *st = guarded(lines * LDQ), *ref = guarded(lines * LDQ);
     float m[LDQ], l[LDQ], a[LDQ], rm[LDQ], rl[LDQ], ra[LDQ];
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < ATTNX_ROUND16(nq); i++)
-            st[j * LDQ + i] = ref[j * LDQ + i] = i < nq ? score(kind, i, j) : 0.0f;
+            if (!rows || i < nq)
+                *at_ij(st, rows, i, j) = *at_ij(ref, rows, i, j) =
+                    i < nq ? score(kind, i, j) : 0.0f;
     for (int i = 0; i < LDQ; i++) {
         if (final) { /* the row's final max (or more, as an lse): no score lies above it */
             float mx = -INFINITY;
-            for (int j = 0; j < nk && i < nq; j++) mx = st[j * LDQ + i] > mx ? st[j * LDQ + i] : mx;
+            for (int j = 0; j < nk && i < nq; j++) {
+                const float s = *at_ij(st, rows, i, j);
+                mx = s > mx ? s : mx;
+            }
             m[i] = i >= nq ? INFINITY : mx + (kind == 3 || i % 2 ? 0.0f : (float)urand() * 3.0f);
             a[i] = (float)urand();
         } else { /* the running max and sum of the tiles before, or none */
@@ -323,34 +368,49 @@ static void softmax_case(const attnx_kernels *kt, int nq, int nk, int kind, int 
         }
         rm[i] = m[i], rl[i] = l[i], ra[i] = a[i];
     }
-    if (final) {
+    const attnx_kernels *sc = &attnx_kernels_scalar;
+    if (final && rows) {
+        kt->softmax_rows_final(st, LDQ, nq, nk, m, a);
+        sc->softmax_rows_final(ref, LDQ, nq, nk, rm, ra);
+    } else if (final) {
         kt->softmax_final(st, LDQ, nq, nk, m, a);
-        attnx_kernels_scalar.softmax_final(ref, LDQ, nq, nk, rm, ra);
+        sc->softmax_final(ref, LDQ, nq, nk, rm, ra);
+    } else if (rows) {
+        kt->softmax_rows(st, LDQ, nq, nk, m, l, a);
+        sc->softmax_rows(ref, LDQ, nq, nk, rm, rl, ra);
     } else {
         kt->softmax_online(st, LDQ, nq, nk, m, l, a);
-        attnx_kernels_scalar.softmax_online(ref, LDQ, nq, nk, rm, rl, ra);
+        sc->softmax_online(ref, LDQ, nq, nk, rm, rl, ra);
     }
     cur.cases++;
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < nq; i++) /* exp, and for the final ones a product after it */
-            expect_ulps(st[j * LDQ + i], ref[j * LDQ + i], final ? 3 : 2, "p", j, i);
+            expect_ulps(*at_ij(st, rows, i, j), *at_ij(ref, rows, i, j), final ? 3 : 2, "p", j, i);
     for (int i = 0; i < nq && !final; i++) {
         expect_same(m[i], rm[i], "m", i, 0);
         expect_ulps(a[i], ra[i], 2, "alpha", i, 0);
         expect_within(l[i], rl[i], (nk + 4) * 0x1p-23 * fabs(rl[i]), "l", i, 0);
     }
-    for (int j = 0; j < nk; j++)
-        for (int i = ATTNX_ROUND16(nq); i < LDQ; i++)
-            expect(st[j * LDQ + i] == GUARD, "st[%d][%d] written past the vectors", j, i);
+    if (rows) /* the decoding tile: nothing past nk in a row, nor past row nq */
+        for (int i = 0; i < nq; i++)
+            for (int j = nk; j < LDQ; j++)
+                expect(st[i * LDQ + j] == GUARD, "st[%d][%d] written past nk", i, j);
+    else
+        for (int j = 0; j < nk; j++)
+            for (int i = ATTNX_ROUND16(nq); i < LDQ; i++)
+                expect(st[j * LDQ + i] == GUARD, "st[%d][%d] written past the vectors", j, i);
+    expect(st[(lines - 1) * LDQ] == GUARD, "st written past its last line");
     free(st), free(ref);
 }
 
-static void test_softmax(const char *isa, const attnx_kernels *kt, int final)
+static void test_softmax(const char *isa, const attnx_kernels *kt, int final, int rows)
 {
-    begin(isa, final ? "softmax_final" : "softmax_online", "ulps");
-    for (int nq = 1; nq <= SMAX; nq++)
-        for (int nk = 1; nk <= SMAX; nk++)
-            for (int kind = 0; kind < 7; kind++) softmax_case(kt, nq, nk, kind, final);
+    static const char *const names[2][2] = {{"softmax_online", "softmax_final"},
+                                            {"softmax_rows", "softmax_rows_final"}};
+    begin(isa, names[rows][final], "ulps");
+    for (int nq = 1; nq <= (rows ? 8 : SMAX); nq++) /* decoding: at most 8 rows */
+        for (int nk = 1; nk <= (rows ? LDQ : SMAX); nk += (rows && nk > SMAX ? 7 : 1))
+            for (int kind = 0; kind < 7; kind++) softmax_case(kt, nq, nk, kind, final, rows);
     end();
 }
 
@@ -624,12 +684,12 @@ static void half_case(const attnx_kernels *kt, int fmt, int nq, int nk, int D)
     for (int j = 0; j < nk; j++)
         for (int d = 0; d < D; d++) expect_same(f[j * D + d], ref[j * D + d], "half_rows", j, d);
     expect(f[nk * D] == GUARD, "half_rows wrote past its rows");
-    float *qr = guarded((size_t)nq * D), *st = guarded((size_t)(nk + 1) * LDQ);
-    float *st2 = guarded((size_t)(nk + 1) * LDQ);
+    float *qr = guarded((size_t)nq * D), *st = guarded((size_t)(nq + 1) * LDQ);
+    float *st2 = guarded((size_t)(nq + 1) * LDQ);
     for (int x = 0; x < nq * D; x++) qr[x] = nrand();
     kt->qk_dot_half(fmt, qr, D, nq, h, sl, nk, st, LDQ);
     kt->qk_dot(qr, D, nq, f, D, nk, st2, LDQ);
-    compare_tile(st, st2, nk, nq, 1, NULL, "qk_dot_half");
+    compare_rows(st, st2, nq, nk, 1, NULL, "qk_dot_half");
     /* pv_half against pv on the converted rows; with and without the rescale */
     const int64_t ldacc = D + 2;
     float *acc = guarded((size_t)nq * ldacc + 1), *acc2 = guarded((size_t)nq * ldacc + 1);
@@ -637,8 +697,8 @@ static void half_case(const attnx_kernels *kt, int fmt, int nq, int nk, int D)
     for (int i = 0; i < nq; i++) alpha[i] = (float)urand();
     for (int rescale = 0; rescale < 2; rescale++) {
         for (int64_t x = 0; x < nq * ldacc; x++) acc[x] = acc2[x] = nrand();
-        kt->pv_half(fmt, st2, LDQ, nq, h, sl, nk, D, rescale ? alpha : NULL, acc, ldacc);
-        kt->pv(st2, LDQ, nq, f, D, nk, D, rescale ? alpha : NULL, acc2, ldacc);
+        kt->pv_half(fmt, st2, 1, LDQ, nq, h, sl, nk, D, rescale ? alpha : NULL, acc, ldacc);
+        kt->pv(st2, 1, LDQ, nq, f, D, nk, D, rescale ? alpha : NULL, acc2, ldacc);
         cur.cases++;
         for (int i = 0; i < nq; i++)
             for (int d = 0; d < D; d++)
@@ -713,8 +773,10 @@ int main(void)
         test_qk(isa, kt, 1);
         test_pv(isa, kt, 0);
         test_pv(isa, kt, 1);
-        test_softmax(isa, kt, 0);
-        test_softmax(isa, kt, 1);
+        for (int rows = 0; rows < 2; rows++) {
+            test_softmax(isa, kt, 0, rows);
+            test_softmax(isa, kt, 1, rows);
+        }
         test_mask(isa, kt, 0);
         test_mask(isa, kt, 1);
         test_pack(isa, kt);

@@ -3,6 +3,7 @@
 #   tools/microbench/run.sh peak                 FP32 FMA peak of each core
 #   tools/microbench/run.sh tiles D [2]          tile kernels on one tile (2: AVX2)
 #   tools/microbench/run.sh forward L D T H [c]  the whole forward pass
+#   tools/microbench/run.sh decode D NQ [kind]   the decoding tile (kind 0/1/2: f32/f16/bf16)
 # CFLAGS passes -D options through (e.g. CFLAGS="-DNT=32" or "-DATTNX_BK=64").
 # The user-facing numbers come from `python -m attnx bench`; these isolate
 # one part at a time with min-of-many timing, which survives a noisy machine
@@ -22,8 +23,11 @@ case "$what" in
   tiles)
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/tile_kernels.c" -o "$out/tiles" -lm -lpthread
     "$out/tiles" "$@" ;;
+  decode)
+    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/decode_tile.c" -o "$out/decode" -lm -lpthread
+    "$out/decode" "$@" ;;
   forward)
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/forward.c" -o "$out/forward" -lm -lpthread
     "$out/forward" "$@" ;;
-  *) sed -n '2,9p' "$0"; exit 2 ;;
+  *) sed -n '2,10p' "$0"; exit 2 ;;
 esac

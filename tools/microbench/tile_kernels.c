@@ -48,7 +48,7 @@ int main(int argc, char **argv)
         unsigned long long t2 = __rdtsc();
         K->softmax_online(st, NQ, NQ, NK, m, l, al);
         unsigned long long t3 = __rdtsc();
-        K->pv(st, NQ, NQ, v + (rep % NT) * NK * D, D, NK, D, al, acc, D);
+        K->pv(st, NQ, 1, NQ, v + (rep % NT) * NK * D, D, NK, D, al, acc, D);
         unsigned long long t4 = __rdtsc();
         if (t1 - t0 < best[0]) best[0] = t1 - t0;
         if (t3 - t2 < best[1]) best[1] = t3 - t2;
