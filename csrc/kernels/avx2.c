@@ -71,6 +71,31 @@ static inline void hsum4_avx2(__m256 a, __m256 b, __m256 c, __m256 d, float out[
 }
 #define V_HSUM4(a, b, c, d, out) hsum4_avx2(a, b, c, d, out)
 
+/* r[0..7] = its transpose (8 x 8): pairs interleaved, quadruples, then halves. */
+static inline void transpose_avx2(__m256 r[8])
+{
+    __m256 t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        const __m256 lo = _mm256_permute2f128_ps(r[i], r[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(r[i], r[4 + i], 0x31);
+        r[i] = lo;
+    }
+}
+#define V_TRANSPOSE(r) transpose_avx2(r)
+/* 8 bytes as floats 0 .. 255 */
+#define V_LOAD_BYTES(p) \
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+
 /* Bytes have no gather: fetch the aligned dword holding each byte (it never
  * crosses a page, so it is as safe to read as the byte) and shift it out. */
 static inline __m256 keep_bytes_avx2(__m256 x, const unsigned char *base, const int32_t *idx,

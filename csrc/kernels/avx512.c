@@ -67,6 +67,37 @@ static inline void hsum4_avx512(__m512 a, __m512 b, __m512 c, __m512 d, float ou
 }
 #define V_HSUM4(a, b, c, d, out) hsum4_avx512(a, b, c, d, out)
 
+/* r[0..15] = its transpose (16 x 16): pairs interleaved, then quadruples,
+ * then 128-bit quarters across registers, twice. */
+static inline void transpose_avx512(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
+        t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xDD);
+        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xDD);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+    }
+}
+#define V_TRANSPOSE(r) transpose_avx512(r)
+/* 16 bytes as floats 0 .. 255 */
+#define V_LOAD_BYTES(p) \
+    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+
 /* Bytes have no gather: fetch the aligned dword holding each byte (it never
  * crosses a page, so it is as safe to read as the byte) and shift it out. */
 static inline __m512 keep_bytes_avx512(__m512 x, const unsigned char *base, const int32_t *idx,

@@ -5,6 +5,7 @@
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <string.h>
 
 #define W 4
 #define VF float32x4_t
@@ -40,6 +41,26 @@
 #define V_HSUM(x) vaddvq_f32(x)
 /* The sums of four vectors at once: out[r] = sum of the lanes of x_r. */
 #define V_HSUM4(a, b, c, d, out) vst1q_f32(out, vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d)))
+
+/* r[0..3] = its transpose (4 x 4) */
+static inline void transpose_neon(float32x4_t r[4])
+{
+    const float32x4x2_t a = vtrnq_f32(r[0], r[1]), b = vtrnq_f32(r[2], r[3]);
+    r[0] = vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0]));
+    r[1] = vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1]));
+    r[2] = vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0]));
+    r[3] = vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1]));
+}
+#define V_TRANSPOSE(r) transpose_neon(r)
+/* 4 bytes as floats 0 .. 255 */
+static inline float32x4_t load_bytes_neon(const unsigned char *p)
+{
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    const uint16x8_t h = vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(w)));
+    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(h)));
+}
+#define V_LOAD_BYTES(p) load_bytes_neon(p)
 
 static inline float32x4_t load_first_neon(const float *p, int n)
 {
