@@ -30,7 +30,13 @@
  * positive x the upper clamp is not needed: 2^n stays within [2^-126, 1]. */
 ATTNX_INLINE VF v_exp(VF x)
 {
+#ifdef V_SCALE_ZERO_BELOW
+    /* No clamp: below LO (where the clamp would act) the result is zeroed
+     * below, whatever the steps give there (inf, NaN); above, the same bits. */
+    const VF xc = x;
+#else
     const VF xc = V_MAX(V_SET1(ATTNX_EXP_LO), x); /* NaN passes through */
+#endif
     const VF n = V_ROUND(V_MUL(xc, V_SET1(ATTNX_LOG2E)));
     VF r = V_FMA(n, V_SET1(-ATTNX_LN2_HI), xc);
     r = V_FMA(n, V_SET1(-ATTNX_LN2_LO), r);
