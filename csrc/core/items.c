@@ -114,12 +114,18 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
                      it->nq, j0, nk, s->st, NULL);
 }
 
-/* acc = alpha · acc + P · V over the tile's values (alpha NULL: no rescale). */
+/* acc = alpha · acc + P · V over the tile's values (alpha NULL: no rescale).
+ * 16-bit values are converted in registers as pv_half reads them (the same
+ * bits as pv on rows converted by half_rows) when decoding, and on the
+ * bfloat16 dot path (AVX-512): there the conversion hides under the FMAs and
+ * pv_half's prefetch beats a conversion pass (a tile of 64 queries x 128
+ * keys, Dv=64, Zen 5: 9776 TSC cycles against 467 + 9750). AVX2's
+ * float16 conversion in registers is slower: other tiles keep the pass. */
 static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0,
                        int nk, const float *alpha)
 {
     const attnx_problem *p = jb->run.p;
-    if (p->v16.data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
+    if (p->v16.data && (rows_layout(jb, it->nq) || jb->run.bf16_dots)) {
         const attnx_half_tensor *v = &p->v16;
         jb->run.kt->pv_half(p->half_format, s->st, BQ, it->nq,
                             v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl, v->sl, nk, p->Dv,
