@@ -136,9 +136,11 @@ typedef struct attnx_kernels {
     void (*qk_dot_half)(int fmt, const float *qr, int64_t D, int nq, const uint16_t *k,
                         int64_t k_sl, int nk, float *st, int64_t ldq);
 
-    /* pv for few queries (decoding) over 16-bit values, converted in
-     * registers as they are read: the same results, bit for bit, as pv on the
-     * rows converted by half_rows.  v: (nk, Dv) 16-bit, rows v_sl apart */
+    /* pv over 16-bit values, converted in registers as they are read: the
+     * same results, bit for bit, as pv on the rows converted by half_rows.
+     * For few queries (decoding), and the tiles of the bfloat16 dot path
+     * (core/items.c, add_values); prefetches the rows ahead.
+     * v: (nk, Dv) 16-bit, rows v_sl apart */
     void (*pv_half)(int fmt, const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
                     int nk, int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
 
