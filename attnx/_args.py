@@ -534,6 +534,7 @@ class AttentionArgs(NamedTuple):
     layout: str
     ndim: int                               # of query as passed (2: a leading axis was added)
     variants: Variants = NO_VARIANTS
+    q_bfloat16: bool = False                # q holds bfloat16 values (converted by astype)
 
     def astype(self, dtype: type[np.floating[Any]], half_kv: bool = False) -> AttentionArgs:
         """q, k, v and a float mask converted to ``dtype`` (float32 for the C
@@ -541,7 +542,10 @@ class AttentionArgs(NamedTuple):
         with a contiguous, aligned last axis; a broadcast mask stays a view.
         ``half_kv``: float16 keys and values stay float16, bfloat16 ones are
         viewed as uint16 (the forward reads either as such, with no float32
-        copy; the core takes uint16 as bfloat16 bits)."""
+        copy; the core takes uint16 as bfloat16 bits). A bfloat16 q sets
+        ``q_bfloat16``, which the forward passes on to the core (its values are
+        bfloat16: with bfloat16 keys and values the core may use bfloat16 dot
+        products)."""
         k, v = self.k, self.v
         if half_kv and k.dtype == v.dtype and is_bfloat16(k.dtype):
             k, v = k.view(np.uint16), v.view(np.uint16)
@@ -556,7 +560,8 @@ class AttentionArgs(NamedTuple):
         if q is self.q and k is self.k and v is self.v and mask is self.mask \
                 and self.variants is NO_VARIANTS:
             return self          # the common case, float32 inputs for the core
-        return self._replace(q=q, k=k, v=v, mask=mask, variants=variants)
+        return self._replace(q=q, k=k, v=v, mask=mask, variants=variants,
+                             q_bfloat16=self.q_bfloat16 or is_bfloat16(self.q.dtype))
 
     def per_head(self) -> List[Optional[NDArray[Any]]]:
         """The (B, Hq) arrays of a core call: lengths, ALiBi slopes, sinks."""

@@ -24,6 +24,7 @@ def forward(
     variant: tuple[bool, int, int, int, float, NDArray[np.float32] | None,
                    NDArray[np.float32] | None] | None = None,
     threads: int = 0,
+    q_bf16: bool = False,
     /,
 ) -> None:
     """Private: attention on 4-D float32 views, written into ``out`` (and ``weights``,
@@ -35,8 +36,13 @@ def forward(
     with any strides (0 for broadcast axes); lengths None or int64 (B, Hq);
     causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or CAUSAL_LOWER_RIGHT; variant None or
     (window_on, left, right, align, softcap, alibi_slopes, sinks), the arrays None
-    or float32 (B, Hq). Releases the GIL.
+    or float32 (B, Hq); q_bf16: q holds bfloat16 values (with bfloat16 k and v the
+    core may then use bfloat16 dot products, see bf16_dots). Releases the GIL.
     """
+
+def bf16_dots() -> bool:
+    """Private (tests): whether the kernels in use compute Q·Kᵀ of all-bfloat16 inputs
+    with bfloat16 dot products (AVX-512 on a CPU with AVX512_BF16)."""
 
 def isa() -> str:
     """The instruction set the kernels use: "scalar", "avx2", "avx512" or "neon"."""

@@ -315,7 +315,7 @@ def scaled_dot_product_attention(
     out_view, lse_view = p.core_view(out), None if lse is None else lse[..., None]
     for c in _core_calls(p, out_view, weights, lse_view):
         _attnx.forward(c.q, c.k, c.v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
-                       p.causal, p.scale, c.lse, c.variant, CALL_THREADS.get())
+                       p.causal, p.scale, c.lse, c.variant, CALL_THREADS.get(), p.q_bfloat16)
     if weights is None and lse is None:
         return out
     return cast(_Result, p.results(out, weights, lse))
@@ -339,8 +339,10 @@ def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: ob
 
 
 def plain_forward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], is_causal: object,
-                  scale: object, gqa: bool) -> Optional[NDArray[np.float32]]:
-    """The plain call's core forward, on aligned arrays: q float32 (B, Hq, Lq, E),
+                  scale: object, gqa: bool,
+                  q_bfloat16: bool = False) -> Optional[NDArray[np.float32]]:
+    """The plain call's core forward, on aligned arrays: q float32 (B, Hq, Lq, E)
+    (``q_bfloat16``: holding bfloat16 values, see ``AttentionArgs.astype``),
     k and v (B, Hk, Lk, E) and (B, Hk, Lk, Ev), float32, or both float16, or
     both uint16 holding bfloat16 bits, Hk = Hq (or a divisor of it with
     ``gqa``); every last axis contiguous; is_causal a bool; scale None or a
@@ -366,5 +368,5 @@ def plain_forward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], is_causal: 
         return None
     out = np.empty((B, Hq, Lq, v.shape[3]), dtype=np.float32)
     _attnx.forward(q, k, v, out, None, None, None, None, CAUSAL[is_causal], scale_f, None, None,
-                   CALL_THREADS.get())
+                   CALL_THREADS.get(), q_bfloat16)
     return out

@@ -91,7 +91,8 @@ def _lean(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal
     else:
         k, v = (t.detach().view(bits).numpy().view(np.uint16) for t in (key, value))
     with _threads_for(query, key, "bhld"):
-        out = plain_forward(q, k, v, is_causal, scale, enable_gqa)
+        out = plain_forward(q, k, v, is_causal, scale, enable_gqa,
+                            query.dtype == torch.bfloat16)
     return None if out is None else torch.from_numpy(out).to(query.dtype)
 
 

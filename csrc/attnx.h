@@ -146,6 +146,16 @@ typedef struct {
      * them tile by tile to float32 in scratch. Accumulation is float32. */
     attnx_half_tensor k16, v16;
     int half_format;
+    /* Nonzero: every value of q is a bfloat16 value (the low 16 bits of its
+     * float32 bits are zero), as when q was bfloat16 before the caller
+     * widened it. With bfloat16 keys and values (k16, half_format
+     * ATTNX_HALF_BF16) on a CPU with AVX512_BF16 (attnx_bf16_dots()), blocks
+     * of more than a few query rows then compute Q·Kᵀ with bfloat16 dot
+     * products: float32 sums of exact products, in another order, with
+     * subnormal inputs and sums flushed to zero, the scale applied to the
+     * sums (docs/DESIGN.md, "bfloat16 dot products"). Checked, not trusted:
+     * a block of queries holding another value takes the float32 path. */
+    int q_bf16;
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only
@@ -204,6 +214,11 @@ uint64_t attnx_fingerprint_parallel(const void *data, size_t nbytes);
 const char *attnx_isa_name(void);          /* the one in use */
 int attnx_isa_available(const char *name); /* 1 if compiled in and supported by the CPU */
 attnx_status attnx_set_isa(const char *name);
+
+/* 1 if the kernels in use have the bfloat16 dot products for Q·Kᵀ (AVX-512
+ * on a CPU with AVX512_BF16), which forwards with q_bf16 and bfloat16 keys
+ * and values use; else 0. */
+int attnx_bf16_dots(void);
 
 /* Every instruction set the core knows, in order: name_at(0 .. count-1). */
 int attnx_isa_count(void);

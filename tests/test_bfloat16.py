@@ -7,17 +7,28 @@ is the float32 computation on the bfloat16 values: the same bits as the
 float32 arrays holding those values, and within the float64 reference on
 them. Every ISA; forward over every option, gradients with random upstream
 gradients, torch tensors with and without ml_dtypes installed.
+
+The one exception, the bfloat16 dot products: with q, k and v all bfloat16
+on a CPU with AVX512_BF16 and the AVX-512 kernels (``_attnx.bf16_dots()``),
+blocks of more than a few query rows compute Q·Kᵀ with vdpbf16ps (another
+order of the sums, the scale applied to them, subnormals flushed to zero):
+within the float64 reference by the same tolerances, but not the float32
+call's bits. Which of the two a case checks is spelled out in it
+(``_dots_path``); ``test_the_bfloat16_dot_path_is_used`` fails where the CPU
+has the instructions and the path is not taken.
 """
 
 from __future__ import annotations
 
 import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import attnx
+from attnx import _attnx
 from conftest import assert_close, randn, random_bool_mask, random_float_mask
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -47,6 +58,25 @@ CASES = [
 ]
 
 
+def cpu_has_avx512_bf16():
+    """Whether /proc/cpuinfo lists avx512_bf16 (None where there is no such file)."""
+    try:
+        return " avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
+#: blocks of at most this many query rows are decoded with the row kernels,
+#: on the float32 path (the AVX-512 kernels' dot_max_nq)
+ROWS_MAX = 8
+
+
+def _dots_path(which, Lq):
+    """Whether an all-bfloat16 (``which == "all"``) forward with Lq query rows
+    takes the bfloat16 dot products for some of its blocks."""
+    return which == "all" and _attnx.bf16_dots() and Lq > ROWS_MAX
+
+
 def _inputs(rng, case):
     B, Hq, Hk, Lq, Lk, E, Ev, kw = case
     q, k, v = randn(rng, (B, Hq, Lq, E)), randn(rng, (B, Hk, Lk, E)), randn(rng, (B, Hk, Lk, Ev))
@@ -66,8 +96,71 @@ def test_forward_is_float32_on_the_bfloat16_values(isa, rng, case, which):
     out = attnx.scaled_dot_product_attention(qb, kb, vb, **kw)
     assert out.dtype == np.float32
     assert_close(out, attnx.reference(f64(qb), f64(kb), f64(vb), **kw))
+    if _dots_path(which, case[3]):
+        return      # bfloat16 dot products: within the reference, not the float32 bits
     # the same float operations on the same values: the bits of the float32 call
     assert out.tobytes() == attnx.scaled_dot_product_attention(q32, k32, v32, **kw).tobytes()
+
+
+def test_the_bfloat16_dot_path_is_used(rng):
+    """On a CPU with AVX512_BF16 the AVX-512 kernels have the bfloat16 dot
+    products, and an all-bfloat16 forward uses them (its bits are not the
+    float32 call's); on every other CPU and ISA they are absent. A CPU whose
+    flags cannot be read is not guessed at."""
+    has = cpu_has_avx512_bf16()
+    if has is None:
+        pytest.skip("no /proc/cpuinfo to tell whether the CPU has AVX512_BF16")
+    previous = _attnx.isa()
+    try:
+        for name in _attnx.available_isas():
+            _attnx.set_isa(name)
+            assert _attnx.bf16_dots() is (has and name == "avx512"), name
+        if not (has and "avx512" in _attnx.available_isas()):
+            return
+        _attnx.set_isa("avx512")
+        q, k, v = (bf(randn(rng, (1, 2, 128, 64))) for _ in range(3))
+        out = attnx.scaled_dot_product_attention(q, k, v)
+        q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
+        assert out.tobytes() != attnx.scaled_dot_product_attention(q32, k32, v32).tobytes()
+        assert_close(out, attnx.reference(f64(q), f64(k), f64(v)))
+        # keys and values alone in bfloat16 keep the float32 path
+        out_kv = attnx.scaled_dot_product_attention(q32, k, v)
+        assert out_kv.tobytes() == attnx.scaled_dot_product_attention(q32, k32, v32).tobytes()
+    finally:
+        _attnx.set_isa(previous)
+
+
+def test_subnormals_are_flushed_on_the_bfloat16_dot_path(isa, rng):
+    """vdpbf16ps reads a subnormal bfloat16 as 0 (and flushes a subnormal sum
+    to 0): queries of subnormal values alone, with a scale large enough to
+    make their scores count on the float32 path (2^-130 · k · 2^127), score
+    exactly 0 on the bfloat16 path: every key weighs the same, and each output
+    row is the mean of the values."""
+    q = bf(np.ldexp(rng.choice([-1.0, 1.0], (1, 1, 16, 8)), -130))     # bfloat16 subnormals
+    k, v = bf(randn(rng, (1, 1, 32, 8))), bf(randn(rng, (1, 1, 32, 8)))
+    scale = 2.0 ** 127
+    out = attnx.scaled_dot_product_attention(q, k, v, scale=scale)
+    mean = np.broadcast_to(f64(v).mean(axis=2, keepdims=True), out.shape)
+    if _dots_path("all", q.shape[2]):
+        assert_close(out, mean)
+        assert_close(out, attnx.reference(np.zeros(q.shape), f64(k), f64(v), scale=scale))
+    else:       # the float32 path keeps them: scores of order 1, not a uniform mean
+        assert_close(out, attnx.reference(f64(q), f64(k), f64(v), scale=scale))
+        assert np.abs(out - mean).max() > 0.1
+
+
+def test_a_query_flag_that_does_not_hold_is_checked(isa, rng):
+    """The core is told that q holds bfloat16 values, and checks it: a block of
+    queries with another value takes the float32 path (here every block: the
+    same bits as without the flag), never a truncated q."""
+    q = randn(rng, (1, 2, 100, 16))                                    # not bfloat16 values
+    k, v = bf(randn(rng, (1, 2, 50, 16))).view(np.uint16), bf(randn(rng, (1, 2, 50, 16))).view(np.uint16)
+    outs = []
+    for flag in (True, False):
+        out = np.empty((1, 2, 100, 16), np.float32)
+        _attnx.forward(q, k, v, out, None, None, None, None, 0, 0.25, None, None, 0, flag)
+        outs.append(out)
+    assert outs[0].tobytes() == outs[1].tobytes()
 
 
 @pytest.mark.parametrize("mask", ["bool", "float32", "bfloat16"])

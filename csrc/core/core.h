@@ -117,11 +117,16 @@ static inline int rows_attending(const head_bounds *hb, int64_t i0, int rows)
 /* ---- a run: the problem, its kernels, and how the scale is applied ---------
  * Scores are scale·q·k. The queries are packed pre-scaled, which cannot
  * overflow when |scale| <= 1; a larger scale is applied to the scores
- * instead (post_scale), so that any scale whose scores fit in float32 works. */
+ * instead (post_scale), so that any scale whose scores fit in float32 works.
+ * bf16_dots: blocks of queries that are all bfloat16 may take kt->qk_bf16
+ * against the bfloat16 keys (q_bf16, bfloat16 K/V, and the kernel); they are
+ * packed unscaled as bfloat16 pairs, and the kernel scales the sums by the
+ * whole scale (1/√D is no bfloat16 value: pre-scaling would round q). */
 typedef struct {
     const attnx_problem *p;
     const attnx_kernels *kt;
     float pre_scale, post_scale;
+    int bf16_dots;
 } attnx_run;
 
 attnx_run attnx_run_of(const attnx_problem *p); /* plan.c */
@@ -221,9 +226,12 @@ void attnx_score_tile(const attnx_run *r, const float *qt, int rows, const float
                       int64_t b, int64_t h, int64_t i0, int nq, int64_t j0, int nk, float *st,
                       float *capped);
 
-/* The steps of attnx_score_tile after the products q·k in st. */
+/* The steps of attnx_score_tile after the products q·k in st, a tile in the
+ * layout rows says; scaled: st holds the products times the whole scale
+ * already (qk_bf16), else times the pre-scale (post_scale is then applied
+ * here). */
 void attnx_finish_tile(const attnx_run *r, int rows, int64_t b, int64_t h, int64_t i0, int nq,
-                       int64_t j0, int nk, float *st, float *capped);
+                       int64_t j0, int nk, float *st, float *capped, int scaled);
 
 /* The score of query i against key j of head (b, h), every step of
  * attnx_score_tile applied, in scalar code (-inf where it is not allowed). */

@@ -54,41 +54,58 @@ void attnx_clear_unvisited(const fwd_job *jb, const item_view *it)
 /* Few queries (decoding) take qk_dot, which reads them as rows. */
 static int rows_layout(const fwd_job *jb, int nq) { return nq <= jb->run.kt->dot_max_nq; }
 
-/* Pack the item's queries, pre-scaled: for few queries as rows qr (nq, D),
- * else transposed qt (D, BQ), zero-padded to a whole vector. */
-static void pack_queries(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+/* Pack the item's queries: with the bfloat16 dot products (a block of
+ * bfloat16 queries against bfloat16 keys, not decoding) as bfloat16 pairs
+ * qt2 (ceil(D/2), BQ), unscaled, in s->qt; else pre-scaled, for few queries
+ * as rows qr (nq, D), else transposed qt (D, BQ), zero-padded to a whole
+ * vector. Returns 1 for the pairs (the item's scores take qk_bf16). */
+static int pack_queries(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
     const attnx_problem *p = jb->run.p;
     const float *q = p->q.data + it->b * p->q.sb + it->h * p->q.sh + it->i0 * p->q.sl;
     if (!rows_layout(jb, it->nq)) {
+        if (jb->run.bf16_dots &&
+            attnx_pack_qt_bf16(q, p->q.sl, it->nq, p->D, (uint32_t *)s->qt, BQ))
+            return 1;
         attnx_pack_rows_t(jb->run.kt, q, p->q.sl, it->nq, p->D, jb->run.pre_scale, s->qt);
-        return;
+        return 0;
     }
     for (int i = 0; i < it->nq; i++)
         for (int64_t d = 0; d < p->D; d++)
             s->qt[i * p->D + d] = jb->run.pre_scale * q[i * p->q.sl + d];
+    return 0;
 }
 
-static void start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+/* Returns pack_queries' answer: whether the scores take qk_bf16. */
+static int start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
-    pack_queries(jb, s, it);
+    const int pairs = pack_queries(jb, s, it);
     for (int i = 0; i < BQ; i++) {
         s->m[i] = -INFINITY;
         s->l[i] = 0.0f;
     }
     memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->plan.ldacc);
+    return pairs;
 }
 
-/* Scores of keys j0 .. j0+nk-1 into s->st. */
-static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0, int nk)
+/* Scores of keys j0 .. j0+nk-1 into s->st; pairs: s->qt holds bfloat16
+ * pairs for qk_bf16, which reads the bfloat16 keys in place. */
+static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0, int nk,
+                   int pairs)
 {
     const attnx_problem *p = jb->run.p;
+    const attnx_half_tensor *k16 = &p->k16;
+    const uint16_t *k16_rows = k16->data + it->b * k16->sb + it->hk * k16->sh + j0 * k16->sl;
+    if (pairs) {
+        jb->run.kt->qk_bf16((const uint32_t *)s->qt, BQ, it->nq, k16_rows, k16->sl, nk, p->D,
+                            p->scale, s->st);
+        attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 1);
+        return;
+    }
     if (p->k16.data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
-        const attnx_half_tensor *k = &p->k16;
-        jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq,
-                                k->data + it->b * k->sb + it->hk * k->sh + j0 * k->sl, k->sl, nk,
-                                s->st, BK);
-        attnx_finish_tile(&jb->run, 1, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL);
+        jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq, k16_rows, k16->sl, nk, s->st,
+                                BK);
+        attnx_finish_tile(&jb->run, 1, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 0);
         return;
     }
     int64_t k_sl;
@@ -97,14 +114,20 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
                      it->nq, j0, nk, s->st, NULL);
 }
 
-/* acc = alpha · acc + P · V over the tile's values (alpha NULL: no rescale). */
+/* acc = alpha · acc + P · V over the tile's values (alpha NULL: no rescale).
+ * 16-bit values are converted in registers as pv_half reads them (the same
+ * bits as pv on rows converted by half_rows) when decoding, and on the
+ * bfloat16 dot path (AVX-512): there the conversion hides under the FMAs and
+ * pv_half's prefetch beats a conversion pass (a tile of 64 queries x 128
+ * keys, Dv=64, Zen 5: 9776 TSC cycles against 467 + 9750). AVX2's
+ * float16 conversion in registers is slower: other tiles keep the pass. */
 static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0,
                        int nk, const float *alpha)
 {
     const attnx_problem *p = jb->run.p;
     const int rows = rows_layout(jb, it->nq);
     const int64_t s_key = rows ? 1 : BQ, s_row = rows ? BK : 1; /* the tile's layout */
-    if (p->v16.data && rows) { /* decoding a half cache: convert in registers */
+    if (p->v16.data && (rows || jb->run.bf16_dots)) {
         const attnx_half_tensor *v = &p->v16;
         jb->run.kt->pv_half(p->half_format, s->st, s_key, s_row, it->nq,
                             v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl, v->sl, nk, p->Dv,
@@ -130,10 +153,10 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
                        int64_t kstop, float *part)
 {
     const int nq = it->nq;
-    start_rows(jb, s, it);
+    const int pairs = start_rows(jb, s, it);
     for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
         const int nk = (int)min64(BK, kstop - j0);
-        scores(jb, s, it, j0, nk);
+        scores(jb, s, it, j0, nk, pairs);
         softmax_tile(jb, s, it, nk);
         add_values(jb, s, it, j0, nk, s->alpha);
     }
@@ -147,18 +170,20 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
     memcpy(part + 2 * BQ, s->acc, sizeof(float) * (size_t)nq * (size_t)jb->plan.ldacc);
 }
 
-/* need_weights, pass 1: each row's max and sum; s->alpha becomes 1 / sum. */
-static void weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+/* need_weights, pass 1: each row's max and sum; s->alpha becomes 1 / sum.
+ * Returns start_rows' answer, for pass 2's scores. */
+static int weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
-    start_rows(jb, s, it);
+    const int pairs = start_rows(jb, s, it);
     for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
-        scores(jb, s, it, j0, nk);
+        scores(jb, s, it, j0, nk, pairs);
         softmax_tile(jb, s, it, nk);
     }
     attnx_fold_sinks(jb, s, it);
     for (int i = 0; i < BQ; i++) /* a NaN sum gives a NaN inverse: it propagates */
         s->alpha[i] = (i < it->nq && s->l[i] != 0.0f) ? 1.0f / s->l[i] : 0.0f;
+    return pairs;
 }
 
 /* need_weights, pass 2: the exact probabilities, written out and summed
@@ -168,10 +193,10 @@ void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view
     const attnx_problem *p = jb->run.p;
     const attnx_kernels *kt = jb->run.kt;
     const int nq = it->nq;
-    weights_stats(jb, s, it);
+    const int pairs = weights_stats(jb, s, it);
     for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
-        scores(jb, s, it, j0, nk);
+        scores(jb, s, it, j0, nk, pairs);
         if (rows_layout(jb, nq)) {
             kt->softmax_rows_final(s->st, BK, nq, nk, s->m, s->alpha);
             for (int i = 0; i < nq; i++)

@@ -60,11 +60,12 @@ static void band_tile(const head_bounds *hb, int64_t i0, int nq, int64_t j0, int
  * applied late, the softcap (its result copied to capped, if not NULL, for
  * the backward), ALiBi. */
 static void shape_scores(const attnx_run *r, const head_bounds *hb, int64_t b, int64_t h,
-                         int64_t i0, int nq, int64_t j0, int nk, const tile_view *t, float *capped)
+                         int64_t i0, int nq, int64_t j0, int nk, const tile_view *t, float *capped,
+                         int scaled)
 {
     const attnx_problem *p = r->p;
     float *st = t->st;
-    if (r->post_scale != 1.0f)
+    if (r->post_scale != 1.0f && !scaled)
         for (int j = 0; j < nk; j++)
             for (int i = 0; i < nq; i++) st[j * t->s_key + i * t->s_row] *= r->post_scale;
     /* lanes and lines of the kernels: queries and keys, or the other way round */
@@ -134,15 +135,15 @@ void attnx_score_tile(const attnx_run *r, const float *qt, int rows, const float
         r->kt->qk_dot(qt, p->D, nq, k, k_sl, nk, st, BK);
     else
         r->kt->qk(qt, BQ, nq, k, k_sl, nk, p->D, st);
-    attnx_finish_tile(r, rows, b, h, i0, nq, j0, nk, st, capped);
+    attnx_finish_tile(r, rows, b, h, i0, nq, j0, nk, st, capped, 0);
 }
 
 void attnx_finish_tile(const attnx_run *r, int rows, int64_t b, int64_t h, int64_t i0, int nq,
-                       int64_t j0, int nk, float *st, float *capped)
+                       int64_t j0, int nk, float *st, float *capped, int scaled)
 {
     const head_bounds hb = bounds_of(r->p, b, h);
     const tile_view t = view_of(st, rows);
-    shape_scores(r, &hb, b, h, i0, nq, j0, nk, &t, capped);
+    shape_scores(r, &hb, b, h, i0, nq, j0, nk, &t, capped, scaled);
     band_tile(&hb, i0, nq, j0, nk, &t);
     mask_tile(r, b, h, i0, nq, j0, nk, &t);
 }
@@ -159,7 +160,7 @@ float attnx_score_one(const attnx_run *r, int64_t b, int64_t h, int64_t i, int64
     /* the steps of a tile, on a tile of one score with the scalar kernels */
     const attnx_run one = {.p = p, .kt = &attnx_kernels_scalar, .post_scale = r->post_scale};
     const tile_view t = view_of(&s, 0);
-    shape_scores(&one, &hb, b, h, i, 1, j, 1, &t, NULL);
+    shape_scores(&one, &hb, b, h, i, 1, j, 1, &t, NULL, 0);
     const attnx_mask *m = &p->mask;
     const int64_t at = b * m->sb + h * m->sh + i * m->sq + j * m->sk;
     if (m->kind == ATTNX_MASK_BOOL && !((const unsigned char *)m->data)[at]) return -INFINITY;

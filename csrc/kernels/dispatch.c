@@ -42,9 +42,20 @@ static int cpu_has_avx512(void)
     const int f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     return f && bw && vl;
 }
+
+/* AVX512_BF16 (vdpbf16ps): CPUID.(EAX=7, ECX=1):EAX bit 5, on top of AVX-512. */
+static int cpu_has_avx512_bf16(void)
+{
+    unsigned int a, b, c, d;
+    if (!cpu_has_avx512()) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return 0; /* no leaf 7.1 */
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a >> 5) & 1;
+}
 #elif defined(ATTNX_HAVE_X86)
 static int cpu_has_avx2(void) { return 0; } /* no cpuid.h: stay on the scalar path */
 static int cpu_has_avx512(void) { return 0; }
+static int cpu_has_avx512_bf16(void) { return 0; }
 #endif
 
 static int always(void) { return 1; }
@@ -55,7 +66,11 @@ const attnx_isa attnx_isas[] = {
     {.name = "scalar", .supported = always, .kernels = &attnx_kernels_scalar},
 #ifdef ATTNX_HAVE_X86
     {.name = "avx2", .supported = cpu_has_avx2, .kernels = &attnx_kernels_avx2},
-    {.name = "avx512", .supported = cpu_has_avx512, .kernels = &attnx_kernels_avx512},
+    {.name = "avx512",
+     .supported = cpu_has_avx512,
+     .kernels = &attnx_kernels_avx512,
+     .bf16_supported = cpu_has_avx512_bf16,
+     .kernels_bf16 = &attnx_kernels_avx512_bf16},
 #else
     {.name = "avx2", .supported = NULL, .kernels = NULL},
     {.name = "avx512", .supported = NULL, .kernels = NULL},
@@ -77,10 +92,25 @@ static const attnx_isa *isa_named(const char *name)
 
 static int usable(const attnx_isa *isa) { return isa && isa->kernels && isa->supported(); }
 
+/* Each row's bf16_supported(), probed once (cpuid may trap to a hypervisor:
+ * too slow for every call): 0 not yet, 1 no, 2 yes. */
+static _Atomic int bf16_probed[sizeof attnx_isas / sizeof *attnx_isas];
+
+/* The kernels of a usable instruction set: its table with qk_bf16 when the
+ * CPU has the bfloat16 dot products. */
+static const attnx_kernels *kernels_of(const attnx_isa *isa)
+{
+    if (!isa->kernels_bf16) return isa->kernels;
+    _Atomic int *probed = &bf16_probed[isa - attnx_isas];
+    int has = atomic_load(probed);
+    if (!has) atomic_store(probed, has = isa->bf16_supported() ? 2 : 1);
+    return has == 2 ? isa->kernels_bf16 : isa->kernels;
+}
+
 const attnx_kernels *attnx_isa_kernels(const char *name)
 {
     const attnx_isa *isa = isa_named(name);
-    return usable(isa) ? isa->kernels : NULL;
+    return usable(isa) ? kernels_of(isa) : NULL;
 }
 
 static const attnx_isa *best_isa(void)
@@ -104,7 +134,9 @@ static const attnx_isa *active_isa(void)
     return isa;
 }
 
-const attnx_kernels *attnx_active_kernels(void) { return active_isa()->kernels; }
+const attnx_kernels *attnx_active_kernels(void) { return kernels_of(active_isa()); }
+
+int attnx_bf16_dots(void) { return attnx_active_kernels()->qk_bf16 != NULL; }
 
 const char *attnx_isa_name(void) { return active_isa()->name; }
 

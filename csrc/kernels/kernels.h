@@ -145,12 +145,31 @@ typedef struct attnx_kernels {
     void (*qk_dot_half)(int fmt, const float *qr, int64_t D, int nq, const uint16_t *k,
                         int64_t k_sl, int nk, float *st, int64_t ldk);
 
-    /* pv for few queries (decoding) over 16-bit values, converted in
-     * registers as they are read: the same results, bit for bit, as pv on the
-     * rows converted by half_rows.  v: (nk, Dv) 16-bit, rows v_sl apart */
+    /* pv over 16-bit values, converted in registers as they are read: the
+     * same results, bit for bit, as pv on the rows converted by half_rows.
+     * For few queries (decoding), and the tiles of the bfloat16 dot path
+     * (core/items.c, add_values); prefetches the rows ahead.
+     * pt: as pv  v: (nk, Dv) 16-bit, rows v_sl apart */
     void (*pv_half)(int fmt, const float *pt, int64_t s_key, int64_t s_row, int nq,
                     const uint16_t *v, int64_t v_sl, int nk, int64_t Dv, const float *alpha,
                     float *acc, int64_t ldacc);
+
+    /* Scores of bfloat16 queries and keys with bfloat16 dot products
+     * (AVX512_BF16's vdpbf16ps), for a block of queries whose values are all
+     * bfloat16 (attnx_pack_qt_bf16) against bfloat16 keys read in place; NULL
+     * in every table but the one of a CPU that has them. Per query i (lane)
+     * and key j, over the pairs of dims p = 0 .. ceil(D/2) - 1 in order, two
+     * float32 FMAs a pair, odd dim first (Intel's pseudo-code of VDPBF16PS):
+     *   acc = fma(q[i][2p+1], k[j][2p+1], acc);  acc = fma(q[i][2p], k[j][2p], acc)
+     * each rounded to nearest even, with bfloat16 subnormal inputs read as
+     * zero and subnormal results flushed to zero (whatever MXCSR says; the
+     * product of two bfloat16 values is exact in float32); dim D of an odd D
+     * is 0 (k[j][D] is never read). Then st[j*ldq + i] = scale * acc.
+     * attnx_qk_bf16_scalar below is the reference, bit for bit.
+     * qt2: (ceil(D/2), ldq) pairs  k: (nk, D) bf16 rows k_sl apart  st: (nk, ldq);
+     * i < nq rounded up to a vector */
+    void (*qk_bf16)(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
+                    int nk, int64_t D, float scale, float *st);
 
     /* The compute roofline: rounds × ATTNX_PEAK_CHAINS independent chains of
      * vector fused multiply-adds on registers, nothing else (attnx_fma_peak).
@@ -164,13 +183,35 @@ typedef struct attnx_kernels {
 #define ATTNX_PEAK_CHAINS 12
 
 /* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the
- * SIMD ones exist where the compiler targets their architecture. */
+ * SIMD ones exist where the compiler targets their architecture.
+ * attnx_kernels_avx512_bf16 is the AVX-512 table with qk_bf16 (from
+ * avx512_bf16.c), the one dispatch.c hands out for AVX-512 on a CPU with
+ * AVX512_BF16. */
 extern const attnx_kernels attnx_kernels_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
 #define ATTNX_HAVE_X86 1
 extern const attnx_kernels attnx_kernels_avx2;
 extern const attnx_kernels attnx_kernels_avx512;
+extern const attnx_kernels attnx_kernels_avx512_bf16;
+void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
+                          int nk, int64_t D, float scale, float *st);
 #endif
+
+/* Pack a block of queries for qk_bf16 as pairs of bfloat16 values, one
+ * 32-bit word a pair, the even dim in the low half (as the pair lies in a
+ * bfloat16 row in memory):
+ *   qt2[p*ldq + i] = bf16(q[i][2p]) | bf16(q[i][2p+1]) << 16   for i < nq
+ * where bf16(x) is the top 16 bits of x's float32 bits, and 0 for dim D of an
+ * odd D and for nq <= i < nq rounded up to 16. Returns 1 if every value read
+ * was a bfloat16 value (the low 16 bits of its float32 bits zero), so that
+ * the packing lost nothing; 0 otherwise (qt2 then holds truncations: use the
+ * float32 path). q: (nq, D) rows q_sl apart  qt2: (ceil(D/2), ldq) */
+int attnx_pack_qt_bf16(const float *q, int64_t q_sl, int nq, int64_t D, uint32_t *qt2, int64_t ldq);
+
+/* The reference of qk_bf16 (scalar.c): the steps of its contract in plain C,
+ * for tests; not in any table (the scalar table keeps the float32 path). */
+void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
+                          int nk, int64_t D, float scale, float *st);
 #if defined(__aarch64__)
 #define ATTNX_HAVE_NEON 1
 extern const attnx_kernels attnx_kernels_neon;
@@ -179,11 +220,15 @@ extern const attnx_kernels attnx_kernels_neon;
 /* An instruction set the core knows (dispatch.c holds the one list, in the
  * order scalar, avx2, avx512, neon): its name, whether this CPU and OS
  * support it, and its kernels (NULL when the build does not target its
- * architecture). */
+ * architecture); and, where one exists, the same table with qk_bf16
+ * filled in, used when its probe bf16_supported says that the CPU has the
+ * bfloat16 dot products (else NULL, NULL). */
 typedef struct {
     const char *name;
     int (*supported)(void);
     const attnx_kernels *kernels;
+    int (*bf16_supported)(void);
+    const attnx_kernels *kernels_bf16;
 } attnx_isa;
 
 extern const attnx_isa attnx_isas[];

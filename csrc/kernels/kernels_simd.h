@@ -711,26 +711,34 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
     return (double)rounds * ATTNX_PEAK_CHAINS * W * 2;
 }
 
-const attnx_kernels SUFFIX(attnx_kernels) = {
-    .qk = SUFFIX(qk),
-    .qk_dot = SUFFIX(qk_dot),
-    .dot_max_nq = W / 2,
-    .softmax_online = SUFFIX(softmax_online),
-    .softmax_final = SUFFIX(softmax_final),
-    .softmax_rows = SUFFIX(softmax_rows),
-    .softmax_rows_final = SUFFIX(softmax_rows_final),
-    .mask_float = SUFFIX(mask_float),
-    .mask_bool = SUFFIX(mask_bool),
-    .pack_qt = SUFFIX(pack_qt),
-    .store_rows = SUFFIX(store_rows),
-    .pv = SUFFIX(pv),
-    .ptx = SUFFIX(ptx),
-    .softmax_bwd = SUFFIX(softmax_bwd),
-    .softcap = SUFFIX(softcap),
-    .softcap_bwd = SUFFIX(softcap_bwd),
-    .alibi = SUFFIX(alibi),
-    .half_rows = SUFFIX(half_rows),
-    .qk_dot_half = SUFFIX(qk_dot_half),
-    .pv_half = SUFFIX(pv_half),
-    .fma_burn = SUFFIX(fma_burn),
-};
+/* The table, and where the includer names them (QK_BF16_TABLE, QK_BF16) the
+ * same kernels with qk_bf16 too (avx512.c: its kernel is in avx512_bf16.c). */
+// clang-format off
+#define SIMD_ENTRIES                                  \
+    .qk = SUFFIX(qk),                                 \
+    .qk_dot = SUFFIX(qk_dot),                         \
+    .dot_max_nq = W / 2,                              \
+    .softmax_online = SUFFIX(softmax_online),         \
+    .softmax_final = SUFFIX(softmax_final),           \
+    .softmax_rows = SUFFIX(softmax_rows),             \
+    .softmax_rows_final = SUFFIX(softmax_rows_final), \
+    .mask_float = SUFFIX(mask_float),                 \
+    .mask_bool = SUFFIX(mask_bool),                   \
+    .pack_qt = SUFFIX(pack_qt),                       \
+    .store_rows = SUFFIX(store_rows),                 \
+    .pv = SUFFIX(pv),                                 \
+    .ptx = SUFFIX(ptx),                               \
+    .softmax_bwd = SUFFIX(softmax_bwd),               \
+    .softcap = SUFFIX(softcap),                       \
+    .softcap_bwd = SUFFIX(softcap_bwd),               \
+    .alibi = SUFFIX(alibi),                           \
+    .half_rows = SUFFIX(half_rows),                   \
+    .qk_dot_half = SUFFIX(qk_dot_half),               \
+    .pv_half = SUFFIX(pv_half),                       \
+    .fma_burn = SUFFIX(fma_burn)
+// clang-format on
+
+const attnx_kernels SUFFIX(attnx_kernels) = {SIMD_ENTRIES};
+#ifdef QK_BF16_TABLE
+const attnx_kernels QK_BF16_TABLE = {SIMD_ENTRIES, .qk_bf16 = QK_BF16};
+#endif

@@ -127,6 +127,66 @@ static void pack_qt_scalar(const float *q, int64_t q_sl, int nq, int64_t D, floa
     }
 }
 
+/* The float32 bits of x. */
+static uint32_t bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+// q: (nq, D) rows q_sl apart  qt2: (ceil(D/2), ldq) pairs
+int attnx_pack_qt_bf16(const float *q, int64_t q_sl, int nq, int64_t D, uint32_t *qt2, int64_t ldq)
+{
+    const int padded = ATTNX_ROUND16(nq);
+    uint32_t low = 0; /* the bits a bfloat16 value does not have, of every value read */
+    for (int64_t p = 0; 2 * p < D; p++) {
+        uint32_t *row = qt2 + p * ldq;
+        for (int i = 0; i < nq; i++) {
+            const uint32_t even = bits_of(q[i * q_sl + 2 * p]);
+            const uint32_t odd = 2 * p + 1 < D ? bits_of(q[i * q_sl + 2 * p + 1]) : 0;
+            low |= (even | odd) & 0xffffu;
+            row[i] = (even >> 16) | (odd & 0xffff0000u);
+        }
+        for (int i = nq; i < padded; i++) row[i] = 0;
+    }
+    return low == 0;
+}
+
+/* A bfloat16 value as vdpbf16ps reads it: a subnormal is 0 (of its sign). */
+static float bf16_daz(uint16_t h)
+{
+    return (h & 0x7f80u) == 0 ? attnx_bf16_to_float((uint16_t)(h & 0x8000u))
+                              : attnx_bf16_to_float(h);
+}
+
+/* One FMA of vdpbf16ps: rounded to nearest even (the default mode), then a
+ * subnormal result flushed to 0 of its sign. */
+static float dp_fma(uint16_t a, uint16_t b, float acc)
+{
+    const float r = fmaf(bf16_daz(a), bf16_daz(b), acc);
+    return fabsf(r) < 0x1p-126f ? copysignf(0.0f, r) : r;
+}
+
+// qt2: (ceil(D/2), ldq) pairs  k: (nk, D) bf16 rows k_sl apart  st: (nk, ldq)
+void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
+                          int nk, int64_t D, float scale, float *st)
+{
+    for (int j = 0; j < nk; j++) {
+        const uint16_t *kj = k + j * k_sl;
+        for (int i = 0; i < nq; i++) {
+            float acc = 0.0f;
+            for (int64_t p = 0; 2 * p < D; p++) {
+                const uint32_t qp = qt2[p * ldq + i];
+                const uint16_t k_odd = 2 * p + 1 < D ? kj[2 * p + 1] : 0;
+                acc = dp_fma((uint16_t)(qp >> 16), k_odd, acc); /* the odd dim first */
+                acc = dp_fma((uint16_t)qp, kj[2 * p], acc);
+            }
+            st[j * ldq + i] = scale * acc;
+        }
+    }
+}
+
 // acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
 static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
                              float *out, int64_t out_sl)

@@ -358,7 +358,7 @@ static PyObject *backward_refused(attnx_status st, const attnx_grad_problem *g, 
 
 PyDoc_STRVAR(forward_doc,
              "forward(q, k, v, out, weights, mask, key_lengths, query_lengths, causal, scale, "
-             "lse=None, variant=None, threads=0)\n--\n\n"
+             "lse=None, variant=None, threads=0, q_bf16=False)\n--\n\n"
              "Private: attention on 4-D float32 views. q (B,Hq,Lq,E), k (B,Hk,Lk,E),\n"
              "v (B,Hk,Lk,Ev), out (B,Hq,Lq,Ev) writeable, weights None or (B,Hq,Lq,Lk)\n"
              "C-contiguous, mask None or bool/float32 (B,Hq,Lq,Lk) with any strides,\n"
@@ -366,7 +366,8 @@ PyDoc_STRVAR(forward_doc,
              "CAUSAL_LOWER_RIGHT; lse None or (B,Hq,Lq,1) writeable; variant None or\n"
              "(window_on, left, right, align, softcap, alibi_slopes, sinks), the last two\n"
              "None or float32 (B,Hq); threads > 0: this call's thread count (else the\n"
-             "process's, set_num_threads).\n"
+             "process's, set_num_threads); q_bf16: q holds bfloat16 values (the core's\n"
+             "attnx_problem.q_bf16: it may then use bfloat16 dot products, bf16_dots()).\n"
              "Use attnx.scaled_dot_product_attention instead.");
 
 /* out, weights and lse: what the forward writes. */
@@ -386,16 +387,17 @@ static int fill_outputs(attnx_problem *p, PyObject *out, PyObject *weights, PyOb
 static PyObject *py_forward(PyObject *self, PyObject *args)
 {
     PyObject *q, *k, *v, *out, *weights, *mask, *kl, *ql, *lse = Py_None, *variant = Py_None;
-    int causal, threads = 0;
+    int causal, threads = 0, q_bf16 = 0;
     double scale;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOid|OOi:forward", &q, &k, &v, &out, &weights, &mask, &kl,
-                          &ql, &causal, &scale, &lse, &variant, &threads))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOid|OOip:forward", &q, &k, &v, &out, &weights, &mask, &kl,
+                          &ql, &causal, &scale, &lse, &variant, &threads, &q_bf16))
         return NULL;
     attnx_problem p;
     if (!fill_problem(&p, q, k, v, mask, kl, ql, causal, scale, variant) ||
         !fill_outputs(&p, out, weights, lse))
         return NULL;
     p.num_threads = threads > 0 ? threads : 0;
+    p.q_bf16 = q_bf16;
     attnx_status st;
     Py_BEGIN_ALLOW_THREADS
         st = attnx_forward(&p);
@@ -497,6 +499,11 @@ static PyObject *py_backward(PyObject *self, PyObject *args)
 }
 
 /* ---- instruction sets and threads ---------------------------------------------------- */
+
+static PyObject *py_bf16_dots(PyObject *self, PyObject *noargs)
+{
+    return PyBool_FromLong(attnx_bf16_dots());
+}
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs)
 {
@@ -643,6 +650,9 @@ static PyMethodDef methods[] = {
     {"forward", py_forward, METH_VARARGS, forward_doc},
     {"backward", py_backward, METH_VARARGS, backward_doc},
     {"isa", py_isa, METH_NOARGS, "isa()\n--\n\nThe instruction set the kernels use."},
+    {"bf16_dots", py_bf16_dots, METH_NOARGS,
+     "bf16_dots()\n--\n\nPrivate (tests): whether the kernels in use compute Q K^T of\n"
+     "all-bfloat16 inputs with bfloat16 dot products (AVX512_BF16)."},
     {"set_isa", py_set_isa, METH_O,
      "set_isa(name)\n--\n\nPrivate (tests): use the kernels of one of ISA_NAMES."},
     {"available_isas", py_available_isas, METH_NOARGS,

@@ -733,6 +733,157 @@ static void test_half(const char *isa, const attnx_kernels *kt, int fmt)
     end();
 }
 
+/* ---- bfloat16 dot products: attnx_pack_qt_bf16, qk_bf16 ---------------------------
+ * The packing is exact and says whether it was; the reference
+ * attnx_qk_bf16_scalar does the steps of the contract (the float64 sum within
+ * the summation bound on ordinary values; subnormals flushed; the odd dim of
+ * a pair first); the kernel of a table that has one gives the reference's
+ * bits, inf and NaN included. */
+
+/* A random bfloat16 value: ordinary (exponents 2^-4 .. 2^4), or any 16 bits
+ * (inf, NaN, subnormals, huge and tiny values), or a subnormal. */
+static uint16_t random_bf16(int kind)
+{
+    if (kind == 0) return small_half(ATTNX_HALF_BF16);
+    if (kind == 1) return random_half();
+    return (uint16_t)(random_half() & 0x807fu); /* exponent 0: zero or subnormal */
+}
+
+static float bf16_value(uint16_t h) { return attnx_bf16_to_float(h); }
+
+static void pack_bf16_case(int nq, int D, int64_t q_sl)
+{
+    const int pairs = (D + 1) / 2;
+    float *q = malloc(sizeof(float) * (size_t)(nq * q_sl));
+    for (int64_t x = 0; x < nq * q_sl; x++) q[x] = bf16_value(random_bf16(1));
+    uint32_t *qt2 = malloc(sizeof(uint32_t) * (size_t)(pairs + 1) * LDQ);
+    for (int x = 0; x < (pairs + 1) * LDQ; x++) qt2[x] = 0xdeadbeefu;
+    cur.cases++;
+    expect(attnx_pack_qt_bf16(q, q_sl, nq, D, qt2, LDQ) == 1, "bfloat16 values not exact");
+    for (int p = 0; p < pairs; p++)
+        for (int i = 0; i < LDQ; i++) {
+            uint32_t want = 0xdeadbeefu;
+            if (i < nq) {
+                want = bits(q[i * q_sl + 2 * p]) >> 16;
+                if (2 * p + 1 < D) want |= bits(q[i * q_sl + 2 * p + 1]) & 0xffff0000u;
+            } else if (i < ATTNX_ROUND16(nq)) {
+                want = 0;
+            }
+            expect(qt2[p * LDQ + i] == want, "qt2[%d][%d] = %08x, want %08x", p, i,
+                   qt2[p * LDQ + i], want);
+        }
+    for (int i = 0; i < LDQ; i++)
+        expect(qt2[pairs * LDQ + i] == 0xdeadbeefu, "qt2 written past its pairs");
+    /* one value that is no bfloat16 (a low bit set): not exact */
+    const int i = (int)(urand() * nq), d = (int)(urand() * D);
+    const uint32_t u = bits(q[i * q_sl + d]) | 1u;
+    memcpy(&q[i * q_sl + d], &u, sizeof u);
+    cur.cases++;
+    expect(attnx_pack_qt_bf16(q, q_sl, nq, D, qt2, LDQ) == 0, "q[%d][%d] = %08x read as exact", i,
+           d, u);
+    free(q), free(qt2);
+}
+
+static void test_pack_bf16(void)
+{
+    begin("any", "pack_qt_bf16", "identical");
+    for (int nq = 1; nq <= SMAX; nq += 2)
+        for (int D = 1; D <= SMAX; D++) pack_bf16_case(nq, D, D + nq % 3);
+    pack_bf16_case(LDQ, 128, 129);
+    end();
+}
+
+/* One tile: qt2 packed from random bfloat16 values, keys k (nk, D) rows k_sl
+ * apart (k_sl = D: the last row ends where its buffer does). Fills st with
+ * kt->qk_bf16 (or the reference for kt NULL), ref with the reference, and
+ * bound (when not NULL) with the summation bound of the float64 sum. */
+static void qk_bf16_case(const attnx_kernels *kt, int nq, int nk, int D, int64_t k_sl, int kind,
+                         float scale, int cmp_float64)
+{
+    const int pairs = (D + 1) / 2;
+    float *q = malloc(sizeof(float) * (size_t)(nq * D));
+    uint16_t *k = malloc(sizeof(uint16_t) * (size_t)((nk - 1) * k_sl + D));
+    for (int x = 0; x < nq * D; x++) q[x] = bf16_value(random_bf16(kind == 2 ? x % 2 * 2 : kind));
+    for (int64_t x = 0; x < (nk - 1) * k_sl + D; x++) k[x] = random_bf16(kind == 2 ? 0 : kind);
+    uint32_t *qt2 = malloc(sizeof(uint32_t) * (size_t)pairs * LDQ);
+    attnx_pack_qt_bf16(q, D, nq, D, qt2, LDQ);
+    float *st = guarded((size_t)(nk + 1) * LDQ), *ref = guarded((size_t)(nk + 1) * LDQ);
+    attnx_qk_bf16_scalar(qt2, LDQ, nq, k, k_sl, nk, D, scale, ref);
+    cur.cases++;
+    if (kt) {
+        kt->qk_bf16(qt2, LDQ, nq, k, k_sl, nk, D, scale, st);
+        compare_tile(st, ref, nk, nq, 1, NULL, "st");
+    }
+    if (cmp_float64) /* ordinary values: the reference is a float32 sum of the products */
+        for (int j = 0; j < nk; j++)
+            for (int i = 0; i < nq; i++) {
+                double sum = 0.0, mag = 0.0;
+                for (int d = 0; d < D; d++) {
+                    const double t = (double)q[i * D + d] * bf16_value(k[j * k_sl + d]);
+                    sum += t;
+                    mag += fabs(t);
+                }
+                expect_within(ref[j * LDQ + i], (float)(scale * sum),
+                              fabs(scale) * ((D + 2) * 0x1p-23 * mag) + fabs(scale * sum) * 0x1p-24,
+                              "reference", j, i);
+            }
+    free(q), free(k), free(qt2), free(st), free(ref);
+}
+
+/* The reference's own steps, on values chosen to show them. */
+static void test_qk_bf16_reference(void)
+{
+    begin("any", "qk_bf16 reference", "summation");
+    for (int D = 1; D <= 70; D += 3)
+        for (int nk = 1; nk <= 9; nk += 4) qk_bf16_case(NULL, 5, nk, D, D + 1, 0, 0.37f, 1);
+    end();
+    begin("any", "qk_bf16 reference steps", "identical");
+    /* pairs of dims (0, 1) and (2, 3): the odd dim of a pair is added first.
+     * q = (1, 0, 2^-24, 2^-24 + 2^-31), k = 1: 1 + (2^-24 + 2^-31) rounds up to
+     * 1 + 2^-23, and + 2^-24 is then a tie, to even: 1 + 2^-22 (the even dim
+     * first would give 1, then 1 + 2^-23) */
+    const float qv[4] = {1.0f, 0.0f, 0x1p-24f, 0x1p-24f + 0x1p-31f};
+    const uint16_t one[4] = {0x3f80u, 0x3f80u, 0x3f80u, 0x3f80u};
+    uint32_t qt2[2 * 16];
+    float st[16];
+    attnx_pack_qt_bf16(qv, 4, 1, 4, qt2, 16);
+    attnx_qk_bf16_scalar(qt2, 16, 1, one, 4, 1, 4, 1.0f, st);
+    cur.cases++;
+    expect(st[0] == 1.0f + 0x1p-22f, "order: %a, want 1 + 2^-22", st[0]);
+    /* a subnormal input is 0: 2^-130 · 2^100 would be 2^-30 */
+    const float sub[2] = {0x1p-130f, 0.0f};
+    uint16_t k2[2] = {(127 + 100) << 7, 0}; /* 2^100 */
+    attnx_pack_qt_bf16(sub, 2, 1, 2, qt2, 16);
+    attnx_qk_bf16_scalar(qt2, 16, 1, k2, 2, 1, 2, 1.0f, st);
+    cur.cases++;
+    expect(st[0] == 0.0f, "subnormal input: %a, want 0", st[0]);
+    /* a subnormal result is 0: 2^-70 · 2^-70 = 2^-140 */
+    const float tiny[2] = {0x1p-70f, 0.0f};
+    k2[0] = (127 - 70) << 7;
+    attnx_pack_qt_bf16(tiny, 2, 1, 2, qt2, 16);
+    attnx_qk_bf16_scalar(qt2, 16, 1, k2, 2, 1, 2, 1.0f, st);
+    cur.cases++;
+    expect(st[0] == 0.0f, "subnormal result: %a, want 0", st[0]);
+    end();
+}
+
+static void test_qk_bf16(const char *isa, const attnx_kernels *kt)
+{
+    if (!kt->qk_bf16) {
+        printf("  %-7s %-15s (none: the float32 path)\n", isa, "qk_bf16");
+        return;
+    }
+    static const float scales[] = {0.125f, 0.37f, 1.0f, 3.0f};
+    begin(isa, "qk_bf16", "identical");
+    for (int kind = 0; kind < 3; kind++)
+        for (int a = 0; a < SMAX + NWIDE; a++)
+            for (int D = 1; D <= (a < SMAX ? 20 : 70); D += (a < SMAX ? 1 : 23))
+                for (int nk = 1; nk <= 17; nk += (nk < 10 ? 1 : 7))
+                    qk_bf16_case(kt, size_at(a) > LDQ ? LDQ : size_at(a), nk, D,
+                                 (a + nk) % 2 ? D : D + 3, kind, scales[(a + D) % 4], 0);
+    end();
+}
+
 /* ---- fma_burn ---------------------------------------------------------------------- */
 
 /* The peak's kernel counts its flops right (a lane's FMA is 2) and computes
@@ -761,6 +912,8 @@ int main(void)
     rng_state = 0x2545F4914F6CDD1Dull; /* this file's seed */
     int tested = 0;
     printf("attnx kernel test: each instruction set's kernels against the scalar ones\n");
+    test_pack_bf16();
+    test_qk_bf16_reference();
     for (int s = 0; s < attnx_isa_count(); s++) {
         const char *isa = attnx_isa_name_at(s);
         const attnx_kernels *kt = attnx_isa_kernels(isa);
@@ -786,6 +939,7 @@ int main(void)
         test_score_steps(isa, kt);
         test_half(isa, kt, ATTNX_HALF_F16);
         test_half(isa, kt, ATTNX_HALF_BF16);
+        test_qk_bf16(isa, kt);
         test_fma_burn(isa, kt);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");

@@ -1,11 +1,15 @@
 #define _POSIX_C_SOURCE 200809L
 /* attnx_forward() with no Python: min time over repeated calls.
  *   forward L D threads H causal      (B = 1, Lq = Lk = L, float32)
- * REPS=n overrides the number of calls (default: ~30 GFLOP of work). */
+ * REPS=n overrides the number of calls (default: ~30 GFLOP of work).
+ * BF16=1: the values are bfloat16 values, and calls on float32 arrays
+ * alternate with calls on bfloat16 ones (q flagged q_bf16, k and v as
+ * 16-bit k16, v16): the best of each and their ratio. */
 #include "attnx.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
+#include <string.h>
 #include <time.h>
 static double now(void)
 {
@@ -20,10 +24,25 @@ int main(int argc, char **argv)
     int causal = argc > 5 ? atoi(argv[5]) : 0;
     size_t n = (size_t)H * L * D;
     float *q = malloc(4 * n), *k = malloc(4 * n), *v = malloc(4 * n), *o = malloc(4 * n);
+    const int bf16 = getenv("BF16") && atoi(getenv("BF16"));
+    uint16_t *k16 = malloc(2 * n), *v16 = malloc(2 * n);
     for (size_t i = 0; i < n; i++) {
         q[i] = (float)rand() / RAND_MAX - .5f;
         k[i] = (float)rand() / RAND_MAX - .5f;
         v[i] = (float)rand() / RAND_MAX - .5f;
+        if (!bf16) continue;
+        float *x[3] = {&q[i], &k[i], &v[i]};
+        for (int a = 0; a < 3; a++) { /* truncated to bfloat16 */
+            uint32_t u;
+            memcpy(&u, x[a], 4);
+            u &= 0xffff0000u;
+            memcpy(x[a], &u, 4);
+        }
+        uint32_t u;
+        memcpy(&u, &k[i], 4);
+        k16[i] = (uint16_t)(u >> 16);
+        memcpy(&u, &v[i], 4);
+        v16[i] = (uint16_t)(u >> 16);
     }
     const attnx_tensor tq = {q, n, (int64_t)L * D, D}, tk = {k, n, (int64_t)L * D, D},
                        tv = {v, n, (int64_t)L * D, D};
@@ -46,12 +65,26 @@ int main(int argc, char **argv)
     if (getenv("REPS")) reps = atoi(getenv("REPS"));
     if (reps < 5) reps = 5;
     if (reps > 20000) reps = 20000;
+    attnx_problem p16 = p;
+    p16.k16 = (attnx_half_tensor){k16, n, (int64_t)L * D, D};
+    p16.v16 = (attnx_half_tensor){v16, n, (int64_t)L * D, D};
+    p16.half_format = ATTNX_HALF_BF16;
+    p16.q_bf16 = 1;
+    double best16 = 1e30;
     for (int r = 0; r < reps; r++) {
         double t = now();
         attnx_forward(&p);
         t = now() - t;
         if (t < best) best = t;
+        if (!bf16) continue;
+        t = now();
+        attnx_forward(&p16);
+        t = now() - t;
+        if (t < best16) best16 = t;
     }
     printf("L=%d D=%d H=%d T=%d causal=%d: best %.1f us  %.1f GFLOP/s\n", L, D, H, T, causal,
            best * 1e6, fl / best / 1e9);
+    if (bf16)
+        printf("  bfloat16 (bf16 dots: %s): best %.1f us  %.1f GFLOP/s  %.2fx float32\n",
+               attnx_bf16_dots() ? "yes" : "no", best16 * 1e6, fl / best16 / 1e9, best / best16);
 }

@@ -3,7 +3,8 @@
 #   tools/microbench/run.sh peak                 FP32 FMA peak of each core
 #   tools/microbench/run.sh tiles D [2]          tile kernels on one tile (2: AVX2)
 #   tools/microbench/run.sh forward L D T H [c]  the whole forward pass
-#   tools/microbench/run.sh decode D NQ [kind]   the decoding tile (kind 0/1/2: f32/f16/bf16)
+#   tools/microbench/run.sh tile-decode D NQ [kind]  the decoding tile (kind 0/1/2: f32/f16/bf16)
+#   tools/microbench/run.sh decode Hk G Lk D T   decoding (G query rows a KV head), GB/s
 # CFLAGS passes -D options through (e.g. CFLAGS="-DNT=32" or "-DATTNX_BK=64").
 # The user-facing numbers come from `python -m attnx bench`; these isolate
 # one part at a time with min-of-many timing, which survives a noisy machine
@@ -23,11 +24,14 @@ case "$what" in
   tiles)
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/tile_kernels.c" -o "$out/tiles" -lm -lpthread
     "$out/tiles" "$@" ;;
+  tile-decode)
+    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/decode_tile.c" -o "$out/tile" -lm -lpthread
+    "$out/tile" "$@" ;;
   decode)
-    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/decode_tile.c" -o "$out/decode" -lm -lpthread
+    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/decode.c" -o "$out/decode" -lm -lpthread
     "$out/decode" "$@" ;;
   forward)
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/forward.c" -o "$out/forward" -lm -lpthread
     "$out/forward" "$@" ;;
-  *) sed -n '2,10p' "$0"; exit 2 ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
 esac

@@ -1,0 +1,60 @@
+#define _POSIX_C_SOURCE 200809L
+/* attnx_forward() decoding with no Python: one query row per query head,
+ * Hq = Hk * G (grouped-query attention with G rows a key/value head), float32
+ * keys and values read once a call. Reports the median and best read speed
+ * of K and V over the calls.
+ *   decode Hk G Lk D threads          (B = 1, Lq = 1)   REPS=n (default 50) */
+#include "attnx.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+static int by_value(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+int main(int argc, char **argv)
+{
+    const int Hk = argc > 1 ? atoi(argv[1]) : 8, G = argc > 2 ? atoi(argv[2]) : 4;
+    const int Lk = argc > 3 ? atoi(argv[3]) : 32768, D = argc > 4 ? atoi(argv[4]) : 128;
+    const int T = argc > 5 ? atoi(argv[5]) : 1, Hq = Hk * G;
+    const size_t nkv = (size_t)Hk * Lk * D, nq = (size_t)Hq * D;
+    float *q = malloc(4 * nq), *k = malloc(4 * nkv), *v = malloc(4 * nkv), *o = malloc(4 * nq);
+    for (size_t i = 0; i < nq; i++) q[i] = (float)rand() / RAND_MAX - .5f;
+    for (size_t i = 0; i < nkv; i++) {
+        k[i] = (float)rand() / RAND_MAX - .5f;
+        v[i] = (float)rand() / RAND_MAX - .5f;
+    }
+    const attnx_problem p = {.B = 1,
+                             .Hq = Hq,
+                             .Hk = Hk,
+                             .Lq = 1,
+                             .Lk = Lk,
+                             .D = D,
+                             .Dv = D,
+                             .q = {q, nq, D, D},
+                             .k = {k, nkv, (int64_t)Lk * D, D},
+                             .v = {v, nkv, (int64_t)Lk * D, D},
+                             .out = {o, nq, D, D},
+                             .scale = 1.0f / sqrtf(D),
+                             .num_threads = T};
+    const int reps = getenv("REPS") ? atoi(getenv("REPS")) : 50;
+    double *t = malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now();
+        attnx_forward(&p);
+        t[r] = now() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof *t, by_value);
+    const double bytes = 8.0 * (double)nkv;
+    printf("Hk=%d G=%d Lk=%d D=%d T=%d: median %.1f GB/s, best %.1f GB/s\n", Hk, G, Lk, D, T,
+           bytes / t[reps / 2] / 1e9, bytes / t[0] / 1e9);
+    return 0;
+}
