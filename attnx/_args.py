@@ -62,11 +62,11 @@ def is_bfloat16(dtype: np.dtype[Any]) -> bool:
 _ML_BFLOAT16: Any = None
 
 
-def bfloat16_view(bits: NDArray[np.uint16]) -> NDArray[Any]:
-    """bfloat16 values given as their uint16 bits: a view of dtype
-    ``ml_dtypes.bfloat16`` when ml_dtypes is installed (imported here, at the
-    first bfloat16 tensor, never by ``import attnx``), else their float32 values
-    (exact: the bits are the top half of the float's)."""
+def bfloat16_arrays() -> bool:
+    """Whether bfloat16 tensors become bfloat16 arrays (ml_dtypes is installed:
+    imported here, at the first bfloat16 tensor, never by ``import attnx``).
+    Without it they become float32 arrays of the same values, which the core
+    computes with float32 products, never its bfloat16 dot products."""
     global _ML_BFLOAT16
     if not isinstance(_ML_BFLOAT16, np.dtype) or sys.modules.get("ml_dtypes") is None:
         try:
@@ -74,7 +74,14 @@ def bfloat16_view(bits: NDArray[np.uint16]) -> NDArray[Any]:
             _ML_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
         except ImportError:
             _ML_BFLOAT16 = False
-    if _ML_BFLOAT16 is False:
+    return _ML_BFLOAT16 is not False
+
+
+def bfloat16_view(bits: NDArray[np.uint16]) -> NDArray[Any]:
+    """bfloat16 values given as their uint16 bits: a view of dtype
+    ``ml_dtypes.bfloat16`` when ml_dtypes is installed (:func:`bfloat16_arrays`),
+    else their float32 values (exact: the bits are the top half of the float's)."""
+    if not bfloat16_arrays():
         return (bits.astype(np.uint32) << 16).view(np.float32)
     return bits.view(_ML_BFLOAT16)
 

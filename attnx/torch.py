@@ -20,7 +20,8 @@ from typing import Any, Iterator, Literal, Optional, Tuple, Union, overload
 import numpy as np
 import torch
 
-from ._args import Alignment, Causal, Layout, Window, check_flag, torch_bfloat16
+from ._args import (Alignment, Causal, Layout, Window, bfloat16_arrays, check_flag,
+                    torch_bfloat16)
 from ._functional import CALL_THREADS, plain_forward
 from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
@@ -90,9 +91,11 @@ def _lean(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal
         k, v = key.detach().numpy(), value.detach().numpy()
     else:
         k, v = (t.detach().view(bits).numpy().view(np.uint16) for t in (key, value))
+    # q's bfloat16 values, as the checked path passes them: only where bfloat16
+    # tensors become bfloat16 arrays there (the same bits either way)
+    q_bf16 = query.dtype == torch.bfloat16 and bfloat16_arrays()
     with _threads_for(query, key, "bhld"):
-        out = plain_forward(q, k, v, is_causal, scale, enable_gqa,
-                            query.dtype == torch.bfloat16)
+        out = plain_forward(q, k, v, is_causal, scale, enable_gqa, q_bf16)
     return None if out is None else torch.from_numpy(out).to(query.dtype)
 
 

@@ -7,10 +7,9 @@
 
 #include "core/core.h"
 
-/* The SIMD mask kernels gather along a vector's lanes with int32 offsets: a
- * mask whose `lanes` elements lie further apart than that takes the scalar
- * kernels (the packer no longer gathers, but packing with the scalar table
- * costs the same). */
+/* The SIMD bool mask kernel gathers along a vector's lanes with int32
+ * offsets (for strides other than adjacent keys): a mask whose `lanes`
+ * elements lie further apart than that takes the scalar kernels. */
 static const attnx_kernels *kernels_for_stride(const attnx_kernels *kt, int64_t stride,
                                                int64_t lanes)
 {
@@ -21,7 +20,7 @@ static const attnx_kernels *kernels_for_stride(const attnx_kernels *kt, int64_t 
 void attnx_pack_rows_t(const attnx_kernels *kt, const float *x, int64_t x_sl, int nq, int64_t n,
                        float scale, float *xt)
 {
-    kernels_for_stride(kt, x_sl, BQ)->pack_qt(x, x_sl, nq, n, scale, xt, BQ);
+    kt->pack_qt(x, x_sl, nq, n, scale, xt, BQ);
 }
 
 /* A tile of scores in either layout: score (i, j) at st[j*s_key + i*s_row].

@@ -378,7 +378,9 @@ static void SUFFIX(softmax_rows_final)(float *st, int64_t ldk, int nq, int nk, c
  * loaded along their keys and transposed in registers (V_TRANSPOSE), so that
  * each vector holds one key for W queries, the tile's layout. The edges of
  * the tile past whole blocks take the scalar loop, and so do other strides
- * (but a mask constant along the queries, sq == 0, is a broadcast per key).
+ * (but a mask constant along the queries, sq == 0, is a broadcast per key,
+ * and one whose queries are adjacent, sq == 1, as a decoding tile sees a
+ * mask's keys, is read with plain loads).
  * Float: one add an element, the same bits as the scalar kernel. Bool: the
  * bytes widened to floats, -inf where a byte is 0. Measured on AMD EPYC Zen
  * 5, one thread, H=8 L=1024 D=64, a random (1, 1, L, L) mask against none
@@ -394,6 +396,16 @@ static void SUFFIX(mask_float)(float *st, int64_t ldq, int nq, int nk, const flo
             for (int i = 0; i < nq; i += W)
                 V_STORE(st + j * ldq + i, V_ADD(V_LOAD(st + j * ldq + i), mv));
         }
+        return;
+    }
+    if (sq == 1) { /* queries adjacent in the mask (a decoding tile's keys): plain loads */
+        const int nqb = nq / W * W;
+        for (int j = 0; j < nk; j++)
+            for (int i0 = 0; i0 < nqb; i0 += W) {
+                float *s = st + j * ldq + i0;
+                V_STORE(s, V_ADD(V_LOAD(s), V_LOAD(m + j * sk + i0)));
+            }
+        attnx_kernels_scalar.mask_float(st + nqb, ldq, nq - nqb, nk, m + nqb, sq, sk);
         return;
     }
     const int nqb = sk == 1 ? nq / W * W : 0, nkb = nk / W * W;
@@ -421,6 +433,16 @@ static void SUFFIX(mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsi
         for (int j = 0; j < nk; j++)
             if (!m[j * sk])
                 for (int i = 0; i < nq; i += W) V_STORE(st + j * ldq + i, ninf);
+        return;
+    }
+    if (sq == 1) { /* queries adjacent in the mask (a decoding tile's keys): plain loads */
+        const int nqb = nq / W * W;
+        for (int j = 0; j < nk; j++)
+            for (int i0 = 0; i0 < nqb; i0 += W) {
+                float *s = st + j * ldq + i0;
+                V_STORE(s, V_SEL_EQ(V_LOAD_BYTES(m + j * sk + i0), zero, ninf, V_LOAD(s)));
+            }
+        attnx_kernels_scalar.mask_bool(st + nqb, ldq, nq - nqb, nk, m + nqb, sq, sk);
         return;
     }
     if (sk == 1) {
@@ -452,15 +474,34 @@ static void SUFFIX(mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsi
 
 /* ---- packing the queries ------------------------------------------------------ */
 // q: (nq, D) rows q_sl apart  qt: (D, ldq)
-/* The scalar loop: contiguous stores down qt's rows, one multiply per
- * element (the same bits). Gathering a vector down a column of q instead
- * made packing 5% of a forward at L=1024 D=64 on AMD Zen 5 (gathers are
- * slow there), against 1.5% this way; the packing is O(BQ·D) per item, the
- * products O(BQ·Lk·D). */
+/* W x W blocks transposed in registers (V_TRANSPOSE), one multiply per
+ * element (the scalar loop's bits). Gathering a vector down a column of q
+ * made packing 5% of a forward at L=1024 D=64 on AMD Zen 5 (gathers are slow
+ * there); the scalar loop PACK_SCALAR, the blocks PACK_BLOCKS. The packing
+ * is O(BQ·D) per item, the products O(BQ·Lk·D). */
 static void SUFFIX(pack_qt)(const float *q, int64_t q_sl, int nq, int64_t D, float scale, float *qt,
                             int64_t ldq)
 {
-    attnx_kernels_scalar.pack_qt(q, q_sl, nq, D, scale, qt, ldq);
+    /* whole blocks of W queries x W dims: W rows loaded, transposed in
+     * registers, scaled (one multiply an element, as the scalar loop) */
+    const int nqb = nq / W * W;
+    const int64_t Db = D / W * W;
+    const VF s = V_SET1(scale);
+    for (int i0 = 0; i0 < nqb; i0 += W)
+        for (int64_t d0 = 0; d0 < Db; d0 += W) {
+            VF r[W];
+            for (int t = 0; t < W; t++) r[t] = V_LOAD(q + (i0 + t) * q_sl + d0);
+            V_TRANSPOSE(r);
+            for (int t = 0; t < W; t++) V_STORE(qt + (d0 + t) * ldq + i0, V_MUL(s, r[t]));
+        }
+    /* the rest as the scalar loop: dims past the blocks of the blocked
+     * queries, every dim of the others, and the zero padding */
+    const int padded = ATTNX_ROUND16(nq);
+    for (int64_t d = 0; d < D; d++) {
+        float *row = qt + d * ldq;
+        for (int i = d < Db ? nqb : 0; i < nq; i++) row[i] = scale * q[i * q_sl + d];
+        for (int i = nq; i < padded; i++) row[i] = 0.0f;
+    }
 }
 
 /* ---- output rows: acc scaled by 1/l, with an inf/NaN check on the way ----- */

@@ -461,11 +461,12 @@ static void test_mask(const char *isa, const attnx_kernels *kt, int boolean)
     begin(isa, boolean ? "mask_bool" : "mask_float", "identical");
     for (int nq = 1; nq <= SMAX; nq++)
         for (int nk = 1; nk <= 17; nk++) {
-            /* row-major, reversed, per key (sq = 0), transposed, strided, far apart */
+            /* row-major, reversed, per key (sq = 0), transposed (sq = 1: a decoding
+             * tile's view, also constant along the keys), strided, far apart */
             const int64_t strides[][2] = {
-                {nk, 1},         {-nk, -1},          {0, 1},      {0, -3},      {1, nq}, {-1, -nq},
-                {3 * nk + 5, 3}, {-(2 * nk + 1), 2}, {100003, 1}, {-100003, -1}};
-            for (int s = 0; s < 10; s++)
+                {nk, 1},         {-nk, -1},          {0, 1},      {0, -3},       {1, nq}, {-1, -nq},
+                {3 * nk + 5, 3}, {-(2 * nk + 1), 2}, {100003, 1}, {-100003, -1}, {1, 0}};
+            for (int s = 0; s < 11; s++)
                 mask_case(kt, nq, nk, strides[s][0], strides[s][1], boolean);
         }
     end();
