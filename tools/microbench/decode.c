@@ -1,14 +1,25 @@
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 /* attnx_forward() decoding with no Python: one query row per query head,
  * Hq = Hk * G (grouped-query attention with G rows a key/value head), float32
  * keys and values read once a call. Reports the median and best read speed
  * of K and V over the calls.
- *   decode Hk G Lk D threads          (B = 1, Lq = 1)   REPS=n (default 50) */
+ *   decode Hk G Lk D threads          (B = 1, Lq = 1)   REPS=n (default 50), HUGE=1 */
 #include "attnx.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+/* n bytes, 2 MiB aligned; HUGE=1 asks for transparent huge pages, as NumPy
+ * does for large arrays (madvise) */
+static float *alloc(size_t n)
+{
+    const size_t align = (size_t)2 << 20;
+    float *p = aligned_alloc(align, (n + align - 1) / align * align);
+    if (p && getenv("HUGE") && atoi(getenv("HUGE"))) madvise(p, n, MADV_HUGEPAGE);
+    return p;
+}
 static double now(void)
 {
     struct timespec t;
@@ -26,7 +37,7 @@ int main(int argc, char **argv)
     const int Lk = argc > 3 ? atoi(argv[3]) : 32768, D = argc > 4 ? atoi(argv[4]) : 128;
     const int T = argc > 5 ? atoi(argv[5]) : 1, Hq = Hk * G;
     const size_t nkv = (size_t)Hk * Lk * D, nq = (size_t)Hq * D;
-    float *q = malloc(4 * nq), *k = malloc(4 * nkv), *v = malloc(4 * nkv), *o = malloc(4 * nq);
+    float *q = alloc(4 * nq), *k = alloc(4 * nkv), *v = alloc(4 * nkv), *o = alloc(4 * nq);
     for (size_t i = 0; i < nq; i++) q[i] = (float)rand() / RAND_MAX - .5f;
     for (size_t i = 0; i < nkv; i++) {
         k[i] = (float)rand() / RAND_MAX - .5f;
