@@ -393,6 +393,64 @@ static void SUFFIX(softmax_rows_final)(float *st, int64_t ldk, int nq, int nk, c
  * 5, one thread, H=8 L=1024 D=64, a random (1, 1, L, L) mask against none
  * (interleaved, medians): float 0.80x (the scalar loop) -> 0.93x; bool 0.77x
  * (bytes gathered down a column) -> 0.95x. */
+/* W mask values of one line as a vector: floats, or bytes widened (kind 1) */
+ATTNX_INLINE VF mask_load(const void *m, int64_t at, const int boolean)
+{
+    return boolean ? V_LOAD_BYTES((const unsigned char *)m + at) : V_LOAD((const float *)m + at);
+}
+
+/* The tile's vector s with the mask's vector x applied: added, or -inf where 0 */
+ATTNX_INLINE VF mask_apply(VF s, VF x, const int boolean)
+{
+    return boolean ? V_SEL_EQ(x, V_ZERO(), V_SET1(-INFINITY), s) : V_ADD(s, x);
+}
+
+/* The scalar kernel on part of the tile: queries i0.., keys j0.. */
+ATTNX_INLINE void mask_scalar(float *st, int64_t ldq, int i0, int nq, int j0, int nk, const void *m,
+                              int64_t sq, int64_t sk, const int boolean)
+{
+    if (nq <= 0 || nk <= 0) return;
+    const int64_t at = i0 * sq + j0 * sk;
+    if (boolean)
+        attnx_kernels_scalar.mask_bool(st + j0 * ldq + i0, ldq, nq, nk,
+                                       (const unsigned char *)m + at, sq, sk);
+    else
+        attnx_kernels_scalar.mask_float(st + j0 * ldq + i0, ldq, nq, nk, (const float *)m + at, sq,
+                                        sk);
+}
+
+/* Both kinds where the mask's queries (sq == 1) or keys (sk == 1) are
+ * adjacent; returns 0 for other strides, which the caller takes. */
+ATTNX_INLINE int mask_adjacent(float *st, int64_t ldq, int nq, int nk, const void *m, int64_t sq,
+                               int64_t sk, const int boolean)
+{
+    const int nqb = nq / W * W;
+    if (sq == 1) { /* queries adjacent (a decoding tile's keys): plain loads */
+        for (int j = 0; j < nk; j++)
+            for (int i0 = 0; i0 < nqb; i0 += W) {
+                float *s = st + j * ldq + i0;
+                V_STORE(s, mask_apply(V_LOAD(s), mask_load(m, j * sk + i0, boolean), boolean));
+            }
+        mask_scalar(st, ldq, nqb, nq - nqb, 0, nk, m, sq, sk, boolean);
+        return 1;
+    }
+    if (sk != 1) return 0;
+    const int nkb = nk / W * W; /* keys adjacent: W x W blocks transposed */
+    for (int i0 = 0; i0 < nqb; i0 += W)
+        for (int j0 = 0; j0 < nkb; j0 += W) {
+            VF r[W];
+            for (int t = 0; t < W; t++) r[t] = mask_load(m, (i0 + t) * sq + j0, boolean);
+            V_TRANSPOSE(r);
+            for (int t = 0; t < W; t++) {
+                float *s = st + (j0 + t) * ldq + i0;
+                V_STORE(s, mask_apply(V_LOAD(s), r[t], boolean));
+            }
+        }
+    mask_scalar(st, ldq, 0, nqb, nkb, nk - nkb, m, sq, sk, boolean); /* keys past the blocks */
+    mask_scalar(st, ldq, nqb, nq - nqb, 0, nk, m, sq, sk, boolean);  /* queries past them */
+    return 1;
+}
+
 // st: (nk, ldq)  m: element (i, j) at m[i*sq + j*sk]
 static void SUFFIX(mask_float)(float *st, int64_t ldq, int nq, int nk, const float *m, int64_t sq,
                                int64_t sk)
@@ -405,69 +463,22 @@ static void SUFFIX(mask_float)(float *st, int64_t ldq, int nq, int nk, const flo
         }
         return;
     }
-    if (sq == 1) { /* queries adjacent in the mask (a decoding tile's keys): plain loads */
-        const int nqb = nq / W * W;
-        for (int j = 0; j < nk; j++)
-            for (int i0 = 0; i0 < nqb; i0 += W) {
-                float *s = st + j * ldq + i0;
-                V_STORE(s, V_ADD(V_LOAD(s), V_LOAD(m + j * sk + i0)));
-            }
-        attnx_kernels_scalar.mask_float(st + nqb, ldq, nq - nqb, nk, m + nqb, sq, sk);
-        return;
-    }
-    const int nqb = sk == 1 ? nq / W * W : 0, nkb = nk / W * W;
-    for (int i0 = 0; i0 < nqb; i0 += W)
-        for (int j0 = 0; j0 < nkb; j0 += W) {
-            VF r[W];
-            for (int t = 0; t < W; t++) r[t] = V_LOAD(m + (i0 + t) * sq + j0);
-            V_TRANSPOSE(r);
-            for (int t = 0; t < W; t++) {
-                float *s = st + (j0 + t) * ldq + i0;
-                V_STORE(s, V_ADD(V_LOAD(s), r[t]));
-            }
-        }
-    if (nqb) /* keys past the whole blocks */
-        attnx_kernels_scalar.mask_float(st + nkb * ldq, ldq, nqb, nk - nkb, m + nkb * sk, sq, sk);
-    attnx_kernels_scalar.mask_float(st + nqb, ldq, nq - nqb, nk, m + nqb * sq, sq, sk);
+    if (!mask_adjacent(st, ldq, nq, nk, m, sq, sk, 0))
+        attnx_kernels_scalar.mask_float(st, ldq, nq, nk, m, sq, sk);
 }
 
 // st: (nk, ldq)  m: element (i, j) at m[i*sq + j*sk]
 static void SUFFIX(mask_bool)(float *st, int64_t ldq, int nq, int nk, const unsigned char *m,
                               int64_t sq, int64_t sk)
 {
-    const VF ninf = V_SET1(-INFINITY), zero = V_ZERO();
+    const VF ninf = V_SET1(-INFINITY);
     if (sq == 0) { /* one value per key: block whole rows of the tile */
         for (int j = 0; j < nk; j++)
             if (!m[j * sk])
                 for (int i = 0; i < nq; i += W) V_STORE(st + j * ldq + i, ninf);
         return;
     }
-    if (sq == 1) { /* queries adjacent in the mask (a decoding tile's keys): plain loads */
-        const int nqb = nq / W * W;
-        for (int j = 0; j < nk; j++)
-            for (int i0 = 0; i0 < nqb; i0 += W) {
-                float *s = st + j * ldq + i0;
-                V_STORE(s, V_SEL_EQ(V_LOAD_BYTES(m + j * sk + i0), zero, ninf, V_LOAD(s)));
-            }
-        attnx_kernels_scalar.mask_bool(st + nqb, ldq, nq - nqb, nk, m + nqb, sq, sk);
-        return;
-    }
-    if (sk == 1) {
-        const int nqb = nq / W * W, nkb = nk / W * W;
-        for (int i0 = 0; i0 < nqb; i0 += W)
-            for (int j0 = 0; j0 < nkb; j0 += W) {
-                VF r[W];
-                for (int t = 0; t < W; t++) r[t] = V_LOAD_BYTES(m + (i0 + t) * sq + j0);
-                V_TRANSPOSE(r);
-                for (int t = 0; t < W; t++) {
-                    float *s = st + (j0 + t) * ldq + i0;
-                    V_STORE(s, V_SEL_EQ(r[t], zero, ninf, V_LOAD(s)));
-                }
-            }
-        attnx_kernels_scalar.mask_bool(st + nkb * ldq, ldq, nqb, nk - nkb, m + nkb, sq, sk);
-        attnx_kernels_scalar.mask_bool(st + nqb, ldq, nq - nqb, nk, m + nqb * sq, sq, sk);
-        return;
-    }
+    if (mask_adjacent(st, ldq, nq, nk, m, sq, sk, 1)) return;
     for (int i0 = 0; i0 < nq; i0 += W) { /* other strides: bytes gathered down a column */
         int32_t idx[W];
         for (int l = 0; l < W; l++) idx[l] = (int32_t)((i0 + l < nq ? l : 0) * sq);
