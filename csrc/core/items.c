@@ -88,6 +88,12 @@ static int start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *
     return pairs;
 }
 
+/* Row j0 of the item's key/value head in a 16-bit tensor (not NULL). */
+static const uint16_t *half_rows_at(const attnx_half_tensor *t, const item_view *it, int64_t j0)
+{
+    return t->data + it->b * t->sb + it->hk * t->sh + j0 * t->sl;
+}
+
 /* Scores of keys j0 .. j0+nk-1 into s->st; pairs: s->qt holds bfloat16
  * pairs for qk_bf16, which reads the bfloat16 keys in place. */
 static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0, int nk,
@@ -95,16 +101,15 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
 {
     const attnx_problem *p = jb->run.p;
     const attnx_half_tensor *k16 = &p->k16;
-    const uint16_t *k16_rows = k16->data + it->b * k16->sb + it->hk * k16->sh + j0 * k16->sl;
     if (pairs) {
-        jb->run.kt->qk_bf16((const uint32_t *)s->qt, BQ, it->nq, k16_rows, k16->sl, nk, p->D,
-                            p->scale, s->st);
+        jb->run.kt->qk_bf16((const uint32_t *)s->qt, BQ, it->nq, half_rows_at(k16, it, j0), k16->sl,
+                            nk, p->D, p->scale, s->st);
         attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 1);
         return;
     }
-    if (p->k16.data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
-        jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq, k16_rows, k16->sl, nk, s->st,
-                                BK);
+    if (k16->data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
+        jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq, half_rows_at(k16, it, j0),
+                                k16->sl, nk, s->st, BK);
         attnx_finish_tile(&jb->run, 1, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 0);
         return;
     }
@@ -129,9 +134,8 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     const int64_t s_key = rows ? 1 : BQ, s_row = rows ? BK : 1; /* the tile's layout */
     if (p->v16.data && (rows || jb->run.bf16_dots)) {
         const attnx_half_tensor *v = &p->v16;
-        jb->run.kt->pv_half(p->half_format, s->st, s_key, s_row, it->nq,
-                            v->data + it->b * v->sb + it->hk * v->sh + j0 * v->sl, v->sl, nk, p->Dv,
-                            alpha, s->acc, jb->plan.ldacc);
+        jb->run.kt->pv_half(p->half_format, s->st, s_key, s_row, it->nq, half_rows_at(v, it, j0),
+                            v->sl, nk, p->Dv, alpha, s->acc, jb->plan.ldacc);
         return;
     }
     int64_t v_sl;

@@ -154,42 +154,26 @@ static const int wide[] = {63, 64, 65, 127, 129};
 #define NWIDE ((int)(sizeof wide / sizeof *wide))
 static int size_at(int k) { return k < SMAX ? k + 1 : wide[k - SMAX]; }
 
-/* Compare a (rows, LDQ) tile of scores: lanes i < nq compared, lanes
- * past round_up(nq, 16) and rows past nk untouched. */
-static void compare_tile(const float *got, const float *want, int nk, int nq, int exact,
+/* Compare a tile of scores against the reference: (nk, LDQ), lanes i < nq
+ * compared and lanes past round_up(nq, 16) untouched; or with rows set the
+ * decoding tile (nq, LDQ), keys j < nk compared and the rest of each row
+ * untouched. The line past the last is untouched either way. bound: (nk, LDQ). */
+static void compare_tile(const float *got, const float *want, int nk, int nq, int rows, int exact,
                          const float *bound, const char *what)
 {
+    const int lines = rows ? nq : nk, written = rows ? nk : ATTNX_ROUND16(nq);
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < nq; i++) {
-            const float g = got[j * LDQ + i], w = want[j * LDQ + i];
+            const int at = rows ? i * LDQ + j : j * LDQ + i;
             if (exact)
-                expect_same(g, w, what, j, i);
+                expect_same(got[at], want[at], what, j, i);
             else
-                expect_within(g, w, bound[j * LDQ + i], what, j, i);
+                expect_within(got[at], want[at], bound[j * LDQ + i], what, j, i);
         }
-    for (int j = 0; j < nk; j++)
-        for (int i = ATTNX_ROUND16(nq); i < LDQ; i++)
-            expect(got[j * LDQ + i] == GUARD, "%s[%d][%d] written past the vectors", what, j, i);
-    expect(got[nk * LDQ] == GUARD, "%s row %d written past nk", what, nk);
-}
-
-/* Compare a decoding tile (nq, LDQ), a query's keys contiguous: keys j < nk
- * compared, the rest of each row and the row past nq untouched. */
-static void compare_rows(const float *got, const float *want, int nq, int nk, int exact,
-                         const float *bound, const char *what)
-{
-    for (int i = 0; i < nq; i++) {
-        for (int j = 0; j < nk; j++) {
-            const float g = got[i * LDQ + j], w = want[i * LDQ + j];
-            if (exact)
-                expect_same(g, w, what, i, j);
-            else
-                expect_within(g, w, bound[j * LDQ + i], what, i, j);
-        }
-        for (int j = nk; j < LDQ; j++)
-            expect(got[i * LDQ + j] == GUARD, "%s[%d][%d] written past nk", what, i, j);
-    }
-    expect(got[nq * LDQ] == GUARD, "%s row %d written past nq", what, nq);
+    for (int x = 0; x < lines; x++)
+        for (int y = written; y < LDQ; y++)
+            expect(got[x * LDQ + y] == GUARD, "%s[%d][%d] written past the tile", what, x, y);
+    expect(got[lines * LDQ] == GUARD, "%s line %d written past the tile", what, lines);
 }
 
 /* ---- qk: st (nk, LDQ) = K · Qt; qk_dot: the decoding tile st (nq, LDQ) = Q · Kᵀ -- */
@@ -214,7 +198,7 @@ static void qk_case(const attnx_kernels *kt, int nq, int nk, int D, int exact, i
         kt->qk_dot(q, D, nq, k, k_sl, nk, st, LDQ);
         attnx_kernels_scalar.qk_dot(q, D, nq, k, k_sl, nk, ref, LDQ);
         cur.cases++;
-        compare_rows(st, ref, nq, nk, exact, bound, "st");
+        compare_tile(st, ref, nk, nq, 1, exact, bound, "st");
         free(q), free(k), free(st), free(ref), free(bound);
         return;
     } else {
@@ -224,7 +208,7 @@ static void qk_case(const attnx_kernels *kt, int nq, int nk, int D, int exact, i
         attnx_kernels_scalar.qk(q, LDQ, nq, k, k_sl, nk, D, ref);
     }
     cur.cases++;
-    compare_tile(st, ref, nk, nq, exact, bound, "st");
+    compare_tile(st, ref, nk, nq, 0, exact, bound, "st");
     free(q), free(k), free(st), free(ref), free(bound);
 }
 
@@ -452,7 +436,7 @@ static void mask_case(const attnx_kernels *kt, int nq, int nk, int64_t sq, int64
         attnx_kernels_scalar.mask_float(ref, LDQ, nq, nk, floats + 4 - lo, sq, sk);
     }
     cur.cases++;
-    compare_tile(st, ref, nk, nq, 1, NULL, "st");
+    compare_tile(st, ref, nk, nq, 0, 1, NULL, "st");
     free(bytes), free(floats), free(st), free(ref);
 }
 
@@ -490,7 +474,7 @@ static void pack_case(const attnx_kernels *kt, int nq, int D, int64_t q_sl)
     for (int d = 0; d < D; d++)
         for (int i = 0; i < ATTNX_ROUND16(nq); i++)
             expect_same(qt[d * LDQ + i], ref[d * LDQ + i], "qt", d, i);
-    compare_tile(qt, ref, D, nq, 1, NULL, "qt"); /* and the guards past the padding */
+    compare_tile(qt, ref, D, nq, 0, 1, NULL, "qt"); /* and the guards past the padding */
     free(buf), free(qt), free(ref);
 }
 
@@ -557,7 +541,7 @@ static void softmax_bwd_case(const attnx_kernels *kt, int nq, int nk)
     kt->softmax_bwd(pt, dp, LDQ, nq, nk, d);
     attnx_kernels_scalar.softmax_bwd(pt, ref, LDQ, nq, nk, d);
     cur.cases++;
-    compare_tile(dp, ref, nk, nq, 1, NULL, "ds");
+    compare_tile(dp, ref, nk, nq, 0, 1, NULL, "ds");
     free(pt), free(dp), free(ref);
 }
 
@@ -593,7 +577,7 @@ static void softcap_case(const attnx_kernels *kt, int nq, int nk, float cap)
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < nq; i++)
             expect_ulps(st[j * LDQ + i], ref[j * LDQ + i], 2, "softcap", j, i);
-    compare_tile(st, st, nk, nq, 1, NULL, "softcap"); /* the guards */
+    compare_tile(st, st, nk, nq, 0, 1, NULL, "softcap"); /* the guards */
     free(st), free(ref);
 }
 
@@ -626,7 +610,7 @@ static void softcap_bwd_case(const attnx_kernels *kt, int nq, int nk)
     kt->softcap_bwd(ds, capped, LDQ, nq, nk, 0.2f);
     attnx_kernels_scalar.softcap_bwd(ref, capped, LDQ, nq, nk, 0.2f);
     cur.cases++;
-    compare_tile(ds, ref, nk, nq, 1, NULL, "ds");
+    compare_tile(ds, ref, nk, nq, 0, 1, NULL, "ds");
     free(ds), free(ref), free(capped);
 }
 
@@ -639,7 +623,7 @@ static void alibi_case(const attnx_kernels *kt, int nq, int nk, float slope, int
     kt->alibi(st, LDQ, nq, nk, slope, c);
     attnx_kernels_scalar.alibi(ref, LDQ, nq, nk, slope, c);
     cur.cases++;
-    compare_tile(st, ref, nk, nq, 1, NULL, "alibi");
+    compare_tile(st, ref, nk, nq, 0, 1, NULL, "alibi");
     free(st), free(ref);
 }
 
@@ -690,7 +674,7 @@ static void half_case(const attnx_kernels *kt, int fmt, int nq, int nk, int D)
     for (int x = 0; x < nq * D; x++) qr[x] = nrand();
     kt->qk_dot_half(fmt, qr, D, nq, h, sl, nk, st, LDQ);
     kt->qk_dot(qr, D, nq, f, D, nk, st2, LDQ);
-    compare_rows(st, st2, nq, nk, 1, NULL, "qk_dot_half");
+    compare_tile(st, st2, nk, nq, 1, 1, NULL, "qk_dot_half");
     /* pv_half against pv on the converted rows; with and without the rescale */
     const int64_t ldacc = D + 2;
     float *acc = guarded((size_t)nq * ldacc + 1), *acc2 = guarded((size_t)nq * ldacc + 1);
@@ -813,7 +797,7 @@ static void qk_bf16_case(const attnx_kernels *kt, int nq, int nk, int D, int64_t
     cur.cases++;
     if (kt) {
         kt->qk_bf16(qt2, LDQ, nq, k, k_sl, nk, D, scale, st);
-        compare_tile(st, ref, nk, nq, 1, NULL, "st");
+        compare_tile(st, ref, nk, nq, 0, 1, NULL, "st");
     }
     if (cmp_float64) /* ordinary values: the reference is a float32 sum of the products */
         for (int j = 0; j < nk; j++)
