@@ -4,7 +4,7 @@ Use the public API in :mod:`attnx` instead: ``forward`` expects arguments that
 ``attnx.scaled_dot_product_attention`` has already checked and normalised.
 """
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,9 +40,11 @@ def forward(
     core may then use bfloat16 dot products, see bf16_dots). Releases the GIL.
     """
 
-def bf16_dots() -> bool:
-    """Private (tests): whether the kernels in use compute Q·Kᵀ of all-bfloat16 inputs
-    with bfloat16 dot products (AVX-512 on a CPU with AVX512_BF16)."""
+def bf16_dots() -> Optional[str]:
+    """Private (tests): the bfloat16 dot products the kernels in use compute Q·Kᵀ of
+    all-bfloat16 inputs with: "amx" (AVX-512 on a CPU with AMX-BF16), "avx512_bf16"
+    (AVX-512 on a CPU with AVX512_BF16) or None; ATTNX_BF16_DOTS=amx|avx512_bf16|none
+    asks for one the CPU has."""
 
 def isa() -> str:
     """The instruction set the kernels use: "scalar", "avx2", "avx512" or "neon"."""

@@ -215,10 +215,13 @@ const char *attnx_isa_name(void);          /* the one in use */
 int attnx_isa_available(const char *name); /* 1 if compiled in and supported by the CPU */
 attnx_status attnx_set_isa(const char *name);
 
-/* 1 if the kernels in use have the bfloat16 dot products for Q·Kᵀ (AVX-512
- * on a CPU with AVX512_BF16), which forwards with q_bf16 and bfloat16 keys
- * and values use; else 0. */
-int attnx_bf16_dots(void);
+/* The bfloat16 dot products the kernels in use have for Q·Kᵀ, which
+ * forwards with q_bf16 and bfloat16 keys and values use: "amx" (AVX-512 on a
+ * CPU with AMX-BF16, the process granted the tiles), "avx512_bf16" (AVX-512
+ * on a CPU with AVX512_BF16), or NULL for none. Picked once per instruction
+ * set: the best the CPU has, unless the environment variable
+ * ATTNX_BF16_DOTS=amx|avx512_bf16|none asks for another it has. */
+const char *attnx_bf16_dots(void);
 
 /* Every instruction set the core knows, in order: name_at(0 .. count-1). */
 int attnx_isa_count(void);

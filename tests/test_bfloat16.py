@@ -20,6 +20,8 @@ has the instructions and the path is not taken.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -58,12 +60,28 @@ CASES = [
 ]
 
 
-def cpu_has_avx512_bf16():
-    """Whether /proc/cpuinfo lists avx512_bf16 (None where there is no such file)."""
+def cpu_flags():
+    """The flags /proc/cpuinfo lists (None where there is no such file)."""
     try:
-        return " avx512_bf16" in Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
+    return set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
+
+
+def expected_dots():
+    """The bfloat16 dot products the AVX-512 kernels should have here: AMX's
+    tiles on a CPU with AMX-BF16 (Linux grants the tile state to a process
+    whose signal stacks are large enough, as Python's are), else vdpbf16ps
+    on a CPU with AVX512_BF16, else none (None: the flags cannot be read)."""
+    flags = cpu_flags()
+    if flags is None:
+        return None
+    if "avx512_bf16" not in flags:
+        return "none"
+    if {"amx_bf16", "amx_tile"} <= flags and sys.platform.startswith("linux"):
+        return "amx"
+    return "avx512_bf16"
 
 
 #: blocks of at most this many query rows are decoded with the row kernels,
@@ -103,18 +121,22 @@ def test_forward_is_float32_on_the_bfloat16_values(isa, rng, case, which):
 
 
 def test_the_bfloat16_dot_path_is_used(rng):
-    """On a CPU with AVX512_BF16 the AVX-512 kernels have the bfloat16 dot
-    products, and an all-bfloat16 forward uses them (its bits are not the
-    float32 call's); on every other CPU and ISA they are absent. A CPU whose
-    flags cannot be read is not guessed at."""
-    has = cpu_has_avx512_bf16()
-    if has is None:
+    """On a CPU with AMX-BF16 or AVX512_BF16 the AVX-512 kernels have the
+    bfloat16 dot products (the best of the two, unless ATTNX_BF16_DOTS asks),
+    and an all-bfloat16 forward uses them (its bits are not the float32
+    call's); on every other CPU and ISA they are absent. A CPU whose flags
+    cannot be read is not guessed at."""
+    want = expected_dots()
+    if want is None:
         pytest.skip("no /proc/cpuinfo to tell whether the CPU has AVX512_BF16")
+    if os.environ.get("ATTNX_BF16_DOTS") == "avx512_bf16" and want == "amx":
+        want = "avx512_bf16"
+    has = want != "none"
     previous = _attnx.isa()
     try:
         for name in _attnx.available_isas():
             _attnx.set_isa(name)
-            assert _attnx.bf16_dots() is (has and name == "avx512"), name
+            assert _attnx.bf16_dots() == (want if has and name == "avx512" else None), name
         if not (has and "avx512" in _attnx.available_isas()):
             return
         _attnx.set_isa("avx512")
@@ -128,6 +150,42 @@ def test_the_bfloat16_dot_path_is_used(rng):
         assert out_kv.tobytes() == attnx.scaled_dot_product_attention(q32, k32, v32).tobytes()
     finally:
         _attnx.set_isa(previous)
+
+
+_CHOSEN = """
+import numpy as np, attnx, ml_dtypes
+from attnx import _attnx
+rng = np.random.default_rng(5)
+worst = 0.0
+# D a multiple of 32 and 16 keys or more: AMX's tiles (1 and 2 key and query
+# tiles a block, keys left over); D=80: vdpbf16ps under AMX too
+for Lq, Lk, D in [(9, 16, 32), (64, 47, 64), (130, 200, 128), (33, 300, 96), (64, 40, 80)]:
+    q, k, v = (rng.standard_normal((1, 2, L, D)).astype(ml_dtypes.bfloat16)
+               for L in (Lq, Lk, Lk))
+    out = attnx.scaled_dot_product_attention(q, k, v, is_causal=Lq == 64)
+    ref = attnx.reference(*(a.astype(np.float64) for a in (q, k, v)), is_causal=Lq == 64)
+    worst = max(worst, float(np.max(np.abs(out - ref) / (1e-5 + 5e-6 * np.abs(ref)))))
+print(_attnx.bf16_dots(), worst)
+"""
+
+
+@pytest.mark.parametrize("ask", ["amx", "avx512_bf16", "none"])
+def test_the_bfloat16_dot_products_can_be_chosen(ask):
+    """ATTNX_BF16_DOTS picks one of the dot products the CPU has (or none);
+    one it lacks gives the best it has. Each gives the reference's values
+    (within float32's tolerances) over the sizes AMX's tiles take and leave."""
+    pytest.importorskip("ml_dtypes")
+    want = expected_dots()
+    if want is None or "avx512" not in _attnx.available_isas():
+        pytest.skip("no /proc/cpuinfo, or no AVX-512")
+    order = ["amx", "avx512_bf16", "none"]
+    got_expected = ask if order.index(ask) >= order.index(want) else want
+    env = dict(os.environ, ATTNX_BF16_DOTS=ask, ATTNX_ISA="avx512")
+    res = subprocess.run([sys.executable, "-c", _CHOSEN], env=env, capture_output=True,
+                         text=True, check=True)
+    name, worst = res.stdout.split()
+    assert name == ("None" if got_expected == "none" else got_expected)
+    assert float(worst) <= 1.0, res.stdout
 
 
 def test_subnormals_are_flushed_on_the_bfloat16_dot_path(isa, rng):

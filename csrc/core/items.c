@@ -122,17 +122,16 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
 /* acc = alpha · acc + P · V over the tile's values (alpha NULL: no rescale).
  * 16-bit values are converted in registers as pv_half reads them (the same
  * bits as pv on rows converted by half_rows) when decoding, and on the
- * bfloat16 dot path (AVX-512): there the conversion hides under the FMAs and
- * pv_half's prefetch beats a conversion pass (a tile of 64 queries x 128
- * keys, Dv=64, Zen 5: 9776 TSC cycles against 467 + 9750). AVX2's
- * float16 conversion in registers is slower: other tiles keep the pass. */
+ * bfloat16 dot path where the kernels say so (pv_half_tiles: vdpbf16ps on
+ * Zen, not AMX on Intel). AVX2's float16 conversion in registers is slower:
+ * other tiles keep the pass. */
 static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0,
                        int nk, const float *alpha)
 {
     const attnx_problem *p = jb->run.p;
     const int rows = rows_layout(jb, it->nq);
     const int64_t s_key = rows ? 1 : BQ, s_row = rows ? BK : 1; /* the tile's layout */
-    if (p->v16.data && (rows || jb->run.bf16_dots)) {
+    if (p->v16.data && (rows || (jb->run.bf16_dots && jb->run.kt->pv_half_tiles))) {
         const attnx_half_tensor *v = &p->v16;
         jb->run.kt->pv_half(p->half_format, s->st, s_key, s_row, it->nq, half_rows_at(v, it, j0),
                             v->sl, nk, p->Dv, alpha, s->acc, jb->plan.ldacc);

@@ -19,6 +19,8 @@
 #define SUFFIX(name) name##_avx512
 #define QK_BF16_TABLE attnx_kernels_avx512_bf16 /* with AVX512_BF16: + qk_bf16 */
 #define QK_BF16 attnx_qk_bf16_avx512
+#define QK_AMX_TABLE attnx_kernels_avx512_amx /* with AMX-BF16: + the tiles' qk_bf16 */
+#define QK_AMX attnx_qk_bf16_amx
 #define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */
 #define QK_NV 2
 #define PV_MR 6 /* 6 queries x 4 vectors: 24 accumulators */

@@ -3,10 +3,18 @@
  * the CPU and the OS support, unless ATTNX_ISA=scalar|avx2|avx512|neon asks
  * for another (an unavailable request falls back to the best available one).
  * A new instruction set is one row here, one kernels/<isa>.c and one line in
- * csrc/sources.txt. */
+ * csrc/sources.txt. An instruction set may have bfloat16 dot products on top
+ * (AVX-512: AMX tiles, vdpbf16ps), picked the same way from ATTNX_BF16_DOTS. */
+#if defined(__linux__)
+#define _GNU_SOURCE /* syscall() under -std=c11 */
+#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "attnx.h"
 #include "kernels/kernels.h"
@@ -52,13 +60,49 @@ static int cpu_has_avx512_bf16(void)
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a >> 5) & 1;
 }
+
+/* AMX-BF16 and AMX-TILE (CPUID.(EAX=7, ECX=0):EDX bits 22 and 24), the OS
+ * saving the tile state (XCR0 bits 17-18), and on Linux the process granted
+ * that state (arch_prctl ARCH_REQ_XCOMP_PERM: a tile instruction without it
+ * is SIGILL; Linux refuses it while a thread's signal stack is too small for
+ * the 8 KiB of tiles, and then this says no). amx.c leaves D % 32 and the
+ * last keys to vdpbf16ps, so AVX512_BF16 is required too. Other systems: no. */
+static int cpu_has_amx_bf16(void)
+{
+    unsigned int a, b, c, d;
+    if (!cpu_has_avx512_bf16()) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 22) & 1) || !((d >> 24) & 1)) return 0;
+    if ((xgetbv0() & 0x60000) != 0x60000) return 0;
+#if defined(__linux__)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
 #elif defined(ATTNX_HAVE_X86)
 static int cpu_has_avx2(void) { return 0; } /* no cpuid.h: stay on the scalar path */
 static int cpu_has_avx512(void) { return 0; }
 static int cpu_has_avx512_bf16(void) { return 0; }
+static int cpu_has_amx_bf16(void) { return 0; }
 #endif
 
 static int always(void) { return 1; }
+
+#ifdef ATTNX_HAVE_X86
+/* AVX-512's bfloat16 dot products, best first. */
+static const attnx_dots avx512_dots[] = {
+    {.name = "amx",
+     .supported = cpu_has_amx_bf16,
+     .kernels = &attnx_kernels_avx512_amx,
+     .same_bits = 0},
+    {.name = "avx512_bf16",
+     .supported = cpu_has_avx512_bf16,
+     .kernels = &attnx_kernels_avx512_bf16,
+     .same_bits = 1},
+    {.name = NULL, .supported = NULL, .kernels = NULL, .same_bits = 0},
+};
+#endif
 
 /* Every instruction set the core knows, narrowest first: the default is the
  * last one available. NEON is part of the aarch64 baseline. */
@@ -69,8 +113,7 @@ const attnx_isa attnx_isas[] = {
     {.name = "avx512",
      .supported = cpu_has_avx512,
      .kernels = &attnx_kernels_avx512,
-     .bf16_supported = cpu_has_avx512_bf16,
-     .kernels_bf16 = &attnx_kernels_avx512_bf16},
+     .dots = avx512_dots},
 #else
     {.name = "avx2", .supported = NULL, .kernels = NULL},
     {.name = "avx512", .supported = NULL, .kernels = NULL},
@@ -92,19 +135,43 @@ static const attnx_isa *isa_named(const char *name)
 
 static int usable(const attnx_isa *isa) { return isa && isa->kernels && isa->supported(); }
 
-/* Each row's bf16_supported(), probed once (cpuid may trap to a hypervisor:
- * too slow for every call): 0 not yet, 1 no, 2 yes. */
-static _Atomic int bf16_probed[sizeof attnx_isas / sizeof *attnx_isas];
+/* Each row's bfloat16 dot products, picked once (cpuid may trap to a
+ * hypervisor: too slow for every call): 0 not yet, else 1 + the index of the
+ * row of dots in use, or 1 + the index of its NULL row for none. The one
+ * ATTNX_BF16_DOTS names if the CPU has it (or "none"), else the best. */
+static _Atomic int dots_picked[sizeof attnx_isas / sizeof *attnx_isas];
+
+static int pick_dots(const attnx_dots *dots)
+{
+    const char *want = getenv("ATTNX_BF16_DOTS");
+    int n = 0, best = -1;
+    for (; dots[n].name; n++) {
+        if (!dots[n].supported()) continue;
+        if (want && strcmp(want, dots[n].name) == 0) return n;
+        if (best < 0) best = n;
+    }
+    if (want && strcmp(want, "none") == 0) return n;
+    return best < 0 ? n : best;
+}
+
+/* The row of bfloat16 dot products in use with a usable instruction set, or
+ * NULL. */
+static const attnx_dots *dots_of(const attnx_isa *isa)
+{
+    if (!isa->dots) return NULL;
+    _Atomic int *picked = &dots_picked[isa - attnx_isas];
+    int at = atomic_load(picked);
+    if (!at) atomic_store(picked, at = 1 + pick_dots(isa->dots));
+    const attnx_dots *dots = &isa->dots[at - 1];
+    return dots->name ? dots : NULL;
+}
 
 /* The kernels of a usable instruction set: its table with qk_bf16 when the
- * CPU has the bfloat16 dot products. */
+ * CPU has bfloat16 dot products. */
 static const attnx_kernels *kernels_of(const attnx_isa *isa)
 {
-    if (!isa->kernels_bf16) return isa->kernels;
-    _Atomic int *probed = &bf16_probed[isa - attnx_isas];
-    int has = atomic_load(probed);
-    if (!has) atomic_store(probed, has = isa->bf16_supported() ? 2 : 1);
-    return has == 2 ? isa->kernels_bf16 : isa->kernels;
+    const attnx_dots *dots = dots_of(isa);
+    return dots ? dots->kernels : isa->kernels;
 }
 
 const attnx_kernels *attnx_isa_kernels(const char *name)
@@ -136,7 +203,11 @@ static const attnx_isa *active_isa(void)
 
 const attnx_kernels *attnx_active_kernels(void) { return kernels_of(active_isa()); }
 
-int attnx_bf16_dots(void) { return attnx_active_kernels()->qk_bf16 != NULL; }
+const char *attnx_bf16_dots(void)
+{
+    const attnx_dots *dots = dots_of(active_isa());
+    return dots ? dots->name : NULL;
+}
 
 const char *attnx_isa_name(void) { return active_isa()->name; }
 

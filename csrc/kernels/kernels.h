@@ -165,11 +165,23 @@ typedef struct attnx_kernels {
      * zero and subnormal results flushed to zero (whatever MXCSR says; the
      * product of two bfloat16 values is exact in float32); dim D of an odd D
      * is 0 (k[j][D] is never read). Then st[j*ldq + i] = scale * acc.
-     * attnx_qk_bf16_scalar below is the reference, bit for bit.
+     * attnx_qk_bf16_scalar below is the reference, bit for bit; AMX's
+     * tiles (amx.c) sum each instruction's 32 products their own way, so that
+     * kernel matches it within float32 rounding of the sum instead.
      * qt2: (ceil(D/2), ldq) pairs  k: (nk, D) bf16 rows k_sl apart  st: (nk, ldq);
      * i < nq rounded up to a vector */
     void (*qk_bf16)(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                     int nk, int64_t D, float scale, float *st);
+
+    /* With qk_bf16: 1 if the tiles of the bfloat16 dot path read the 16-bit
+     * values in place with pv_half, 0 if they convert them first (half_rows,
+     * then pv). Converting in registers costs shuffles a vector of values:
+     * on Zen 5 they run beside the FMAs (a tile of 64 queries x 128 keys,
+     * Dv=64: 9776 TSC cycles in place against 467 + 9750 with the pass); on
+     * Intel's AMX Xeons they take the port of the second FMA (the forward,
+     * L=1024 D=64, one thread: 1.21-1.25x float32 in place, 1.38-1.40x with
+     * the pass). */
+    int pv_half_tiles;
 
     /* The compute roofline: rounds × ATTNX_PEAK_CHAINS independent chains of
      * vector fused multiply-adds on registers, nothing else (attnx_fma_peak).
@@ -184,15 +196,18 @@ typedef struct attnx_kernels {
 
 /* One table per instruction set (scalar.c, avx2.c, avx512.c, neon.c); the
  * SIMD ones exist where the compiler targets their architecture.
- * attnx_kernels_avx512_bf16 is the AVX-512 table with qk_bf16 (from
- * avx512_bf16.c), the one dispatch.c hands out for AVX-512 on a CPU with
- * AVX512_BF16. */
+ * attnx_kernels_avx512_bf16 and attnx_kernels_avx512_amx are the AVX-512
+ * table with a qk_bf16 (from avx512_bf16.c, amx.c), the ones dispatch.c
+ * hands out for AVX-512 on a CPU with AVX512_BF16, and with AMX-BF16. */
 extern const attnx_kernels attnx_kernels_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
 #define ATTNX_HAVE_X86 1
 extern const attnx_kernels attnx_kernels_avx2;
 extern const attnx_kernels attnx_kernels_avx512;
 extern const attnx_kernels attnx_kernels_avx512_bf16;
+extern const attnx_kernels attnx_kernels_avx512_amx;
+void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
+                       int nk, int64_t D, float scale, float *st);
 void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st);
 #endif
@@ -217,18 +232,28 @@ void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16
 extern const attnx_kernels attnx_kernels_neon;
 #endif
 
-/* An instruction set the core knows (dispatch.c holds the one list, in the
- * order scalar, avx2, avx512, neon): its name, whether this CPU and OS
- * support it, and its kernels (NULL when the build does not target its
- * architecture); and, where one exists, the same table with qk_bf16
- * filled in, used when its probe bf16_supported says that the CPU has the
- * bfloat16 dot products (else NULL, NULL). */
+/* A way to compute qk_bf16 on top of an instruction set: its name (as
+ * attnx_bf16_dots() reports it and ATTNX_BF16_DOTS asks for it), whether
+ * this CPU and OS have it, the instruction set's table with it, and whether
+ * its qk_bf16 gives attnx_qk_bf16_scalar's bits (1) or matches it within
+ * float32 rounding of the sum (0: AMX). */
 typedef struct {
     const char *name;
     int (*supported)(void);
     const attnx_kernels *kernels;
-    int (*bf16_supported)(void);
-    const attnx_kernels *kernels_bf16;
+    int same_bits;
+} attnx_dots;
+
+/* An instruction set the core knows (dispatch.c holds the one list, in the
+ * order scalar, avx2, avx512, neon): its name, whether this CPU and OS
+ * support it, and its kernels (NULL when the build does not target its
+ * architecture); and its bfloat16 dot products, best first, ended by a row
+ * of NULLs (NULL where it has none). */
+typedef struct {
+    const char *name;
+    int (*supported)(void);
+    const attnx_kernels *kernels;
+    const attnx_dots *dots;
 } attnx_isa;
 
 extern const attnx_isa attnx_isas[];

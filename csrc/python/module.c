@@ -502,7 +502,9 @@ static PyObject *py_backward(PyObject *self, PyObject *args)
 
 static PyObject *py_bf16_dots(PyObject *self, PyObject *noargs)
 {
-    return PyBool_FromLong(attnx_bf16_dots());
+    const char *name = attnx_bf16_dots();
+    if (!name) Py_RETURN_NONE;
+    return PyUnicode_FromString(name);
 }
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs)
@@ -651,8 +653,8 @@ static PyMethodDef methods[] = {
     {"backward", py_backward, METH_VARARGS, backward_doc},
     {"isa", py_isa, METH_NOARGS, "isa()\n--\n\nThe instruction set the kernels use."},
     {"bf16_dots", py_bf16_dots, METH_NOARGS,
-     "bf16_dots()\n--\n\nPrivate (tests): whether the kernels in use compute Q K^T of\n"
-     "all-bfloat16 inputs with bfloat16 dot products (AVX512_BF16)."},
+     "bf16_dots()\n--\n\nPrivate (tests): the bfloat16 dot products the kernels in use\n"
+     "compute Q K^T of all-bfloat16 inputs with: 'amx', 'avx512_bf16' or None."},
     {"set_isa", py_set_isa, METH_O,
      "set_isa(name)\n--\n\nPrivate (tests): use the kernels of one of ISA_NAMES."},
     {"available_isas", py_available_isas, METH_NOARGS,
