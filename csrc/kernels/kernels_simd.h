@@ -194,12 +194,20 @@ ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64
  * H=8 Lk=32768 D=128 (A/B runs interleaved, medians): no prefetch float32
  * 24 GB/s, float16 17; every other line (the neighbour left to the hardware)
  * 27 and 18; every line 34 and 30. 8 KiB ahead beat 2, 4 and 16 KiB over
- * float32/float16 with and without GQA; prefetcht0/t1/t2 were no better than
- * prefetchnta. The address may lie past the array (the next tile's rows, or
- * nothing): a prefetch never faults, and it is computed as an integer, so no
- * pointer outside the array is formed. */
+ * float32/float16 with and without GQA; there prefetcht0/t1/t2 and
+ * prefetchnta were alike. On an Intel Xeon (AMX, 2 vCPUs), prefetchnta, which
+ * fills L1 alone and so is limited by its few fill buffers, read half as
+ * fast as the others (tools/microbench/run.sh decode, float32, 2 threads:
+ * H=32 Lk=8192 D=128 10.5 GB/s against 21.2-21.7; GQA 8 x 4 rows Lk=32768
+ * 9.2 against 19.2-19.6), so the rows go to L2 (prefetcht1, locality 2).
+ * The address may lie past the array (the next tile's rows, or nothing): a
+ * prefetch never faults, and it is computed as an integer, so no pointer
+ * outside the array is formed. */
 #ifndef AHEAD_BYTES
 #define AHEAD_BYTES 8192
+#endif
+#ifndef PREFETCH_LOCALITY
+#define PREFETCH_LOCALITY 2
 #endif
 /* Rows of row_bytes that make AHEAD_BYTES, at least 4. */
 ATTNX_INLINE int64_t rows_ahead(int64_t row_bytes)
@@ -211,7 +219,8 @@ ATTNX_INLINE int64_t rows_ahead(int64_t row_bytes)
 ATTNX_INLINE void prefetch_row(const void *base, int64_t at, int64_t bytes)
 {
     const uintptr_t row = (uintptr_t)base + (uintptr_t)at;
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const void *)(row + o), 0, 0);
+    for (int64_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch((const void *)(row + o), 0, PREFETCH_LOCALITY);
 }
 
 // qr: (nq, D)  k: (nk, D) rows k_sl apart (float or 16-bit)  st: (nq, ldk)
