@@ -69,17 +69,39 @@ def cpu_flags():
     return set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
 
 
+def tiles_granted():
+    """Whether Linux has granted this process AMX's tile state
+    (arch_prctl(ARCH_GET_XCOMP_PERM) lists XTILEDATA, bit 18); the core asks
+    for it when it first picks its dot products, and Linux refuses while a
+    thread's signal stack is too small for the tiles (under a sanitizer's
+    own stack, say)."""
+    import ctypes
+    if "avx512" in _attnx.available_isas():     # the core's probe has run
+        previous = _attnx.isa()
+        _attnx.set_isa("avx512")
+        _attnx.bf16_dots()
+        _attnx.set_isa(previous)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        mask = ctypes.c_ulong(0)
+        if libc.syscall(158, 0x1022, ctypes.byref(mask)) != 0:    # x86-64 SYS_arch_prctl
+            return False
+    except (OSError, AttributeError):
+        return False
+    return bool(mask.value >> 18 & 1)
+
+
 def expected_dots():
     """The bfloat16 dot products the AVX-512 kernels should have here: AMX's
-    tiles on a CPU with AMX-BF16 (Linux grants the tile state to a process
-    whose signal stacks are large enough, as Python's are), else vdpbf16ps
-    on a CPU with AVX512_BF16, else none (None: the flags cannot be read)."""
+    tiles on a CPU with AMX-BF16 where Linux granted the tile state, else
+    vdpbf16ps on a CPU with AVX512_BF16, else none (None: the flags cannot
+    be read)."""
     flags = cpu_flags()
     if flags is None:
         return None
     if "avx512_bf16" not in flags:
         return "none"
-    if {"amx_bf16", "amx_tile"} <= flags and sys.platform.startswith("linux"):
+    if {"amx_bf16", "amx_tile"} <= flags and sys.platform.startswith("linux") and tiles_granted():
         return "amx"
     return "avx512_bf16"
 
