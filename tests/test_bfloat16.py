@@ -10,8 +10,9 @@ gradients, torch tensors with and without ml_dtypes installed.
 
 The one exception, the bfloat16 dot products: with q, k and v all bfloat16
 on a CPU with AVX512_BF16 and the AVX-512 kernels (``_attnx.bf16_dots()``),
-blocks of more than a few query rows compute Q·Kᵀ with vdpbf16ps (another
-order of the sums, the scale applied to them, subnormals flushed to zero):
+blocks of more than a few query rows compute Q·Kᵀ with vdpbf16ps, or AMX's
+tiles where the CPU has them (another order of the sums, the scale applied
+to them, subnormals flushed to zero):
 within the float64 reference by the same tolerances, but not the float32
 call's bits. Which of the two a case checks is spelled out in it
 (``_dots_path``); ``test_the_bfloat16_dot_path_is_used`` fails where the CPU
@@ -91,19 +92,27 @@ def tiles_granted():
     return bool(mask.value >> 18 & 1)
 
 
-def expected_dots():
-    """The bfloat16 dot products the AVX-512 kernels should have here: AMX's
-    tiles on a CPU with AMX-BF16 where Linux granted the tile state, else
-    vdpbf16ps on a CPU with AVX512_BF16, else none (None: the flags cannot
-    be read)."""
+#: the dot products ATTNX_BF16_DOTS names, best first: a CPU that has one has
+#: every later one
+DOTS = ("amx", "avx512_bf16", "none")
+
+
+def expected_dots(ask):
+    """The bfloat16 dot products the AVX-512 kernels should have here, with
+    ATTNX_BF16_DOTS=ask (None: unset): the one asked for if the CPU has it,
+    else the best it has: AMX's tiles on a CPU with AMX-BF16 where Linux
+    granted the tile state, vdpbf16ps on a CPU with AVX512_BF16, or none.
+    None where the flags cannot be read."""
     flags = cpu_flags()
     if flags is None:
         return None
     if "avx512_bf16" not in flags:
-        return "none"
-    if {"amx_bf16", "amx_tile"} <= flags and sys.platform.startswith("linux") and tiles_granted():
-        return "amx"
-    return "avx512_bf16"
+        best = "none"
+    elif {"amx_bf16", "amx_tile"} <= flags and sys.platform.startswith("linux") and tiles_granted():
+        best = "amx"
+    else:
+        best = "avx512_bf16"
+    return ask if ask in DOTS and DOTS.index(ask) >= DOTS.index(best) else best
 
 
 #: blocks of at most this many query rows are decoded with the row kernels,
@@ -148,11 +157,9 @@ def test_the_bfloat16_dot_path_is_used(rng):
     and an all-bfloat16 forward uses them (its bits are not the float32
     call's); on every other CPU and ISA they are absent. A CPU whose flags
     cannot be read is not guessed at."""
-    want = expected_dots()
+    want = expected_dots(os.environ.get("ATTNX_BF16_DOTS"))
     if want is None:
         pytest.skip("no /proc/cpuinfo to tell whether the CPU has AVX512_BF16")
-    if os.environ.get("ATTNX_BF16_DOTS") == "avx512_bf16" and want == "amx":
-        want = "avx512_bf16"
     has = want != "none"
     previous = _attnx.isa()
     try:
@@ -191,22 +198,20 @@ print(_attnx.bf16_dots(), worst)
 """
 
 
-@pytest.mark.parametrize("ask", ["amx", "avx512_bf16", "none"])
+@pytest.mark.parametrize("ask", DOTS)
 def test_the_bfloat16_dot_products_can_be_chosen(ask):
     """ATTNX_BF16_DOTS picks one of the dot products the CPU has (or none);
     one it lacks gives the best it has. Each gives the reference's values
     (within float32's tolerances) over the sizes AMX's tiles take and leave."""
     pytest.importorskip("ml_dtypes")
-    want = expected_dots()
+    want = expected_dots(ask)
     if want is None or "avx512" not in _attnx.available_isas():
         pytest.skip("no /proc/cpuinfo, or no AVX-512")
-    order = ["amx", "avx512_bf16", "none"]
-    got_expected = ask if order.index(ask) >= order.index(want) else want
     env = dict(os.environ, ATTNX_BF16_DOTS=ask, ATTNX_ISA="avx512")
     res = subprocess.run([sys.executable, "-c", _CHOSEN], env=env, capture_output=True,
                          text=True, check=True)
     name, worst = res.stdout.split()
-    assert name == ("None" if got_expected == "none" else got_expected)
+    assert name == ("None" if want == "none" else want)
     assert float(worst) <= 1.0, res.stdout
 
 

@@ -17,12 +17,11 @@
  * (a tile row is 32 dims), and the last nk % 16 keys (a tile reads 16 rows).
  *
  * The unit sums the 32 products of an instruction its own way, not FMA by
- * FMA as vdpbf16ps does (measured on a Xeon with AMX: the sum of two
- * products is added to C in one rounding, and neither order of FMAs matches
- * bit for bit), so this kernel matches attnx_qk_bf16_scalar within float32
- * rounding of the sum, not bit for bit (tests/c/test_kernels.c bounds it).
- * Like vdpbf16ps it reads bfloat16 subnormals as zero and flushes subnormal
- * sums.
+ * FMA as vdpbf16ps does (measured on a Xeon with AMX: neither order of FMAs
+ * matched its bits over 512k random sums, and 1 + 2^-24 + 2^-24 gave
+ * 1 + 2^-23, where FMAs in either order give 1), so this kernel matches attnx_qk_bf16_scalar within
+ * float32 rounding of the sum, not bit for bit (tests/c/test_kernels.c bounds it). Like vdpbf16ps
+ * it reads bfloat16 subnormals as zero and flushes subnormal sums.
  *
  * The tile configuration is per thread, and other code on the thread (a
  * oneDNN matmul under torch) may have its own loaded: the kernel saves it,
@@ -93,21 +92,18 @@ static void block(int nkb, int nqb, const uint32_t *qt2, int64_t ldq, const uint
             if (nqb == 2) _tile_dpbf16ps(3, 5, 7);
         }
     }
+    /* tile t into p, then scaled while its rows are in L1 */
+#define STORE_SCALED(t, p)            \
+    do {                              \
+        _tile_stored(t, p, c_stride); \
+        scale_block(p, ldq, scale);   \
+    } while (0)
     float *st1 = st + TILE * ldq;
-    _tile_stored(0, st, c_stride);
-    scale_block(st, ldq, scale);
-    if (nqb == 2) {
-        _tile_stored(1, st + TILE, c_stride);
-        scale_block(st + TILE, ldq, scale);
-    }
-    if (nkb == 2) {
-        _tile_stored(2, st1, c_stride);
-        scale_block(st1, ldq, scale);
-    }
-    if (nkb == 2 && nqb == 2) {
-        _tile_stored(3, st1 + TILE, c_stride);
-        scale_block(st1 + TILE, ldq, scale);
-    }
+    STORE_SCALED(0, st);
+    if (nqb == 2) STORE_SCALED(1, st + TILE);
+    if (nkb == 2) STORE_SCALED(2, st1);
+    if (nkb == 2 && nqb == 2) STORE_SCALED(3, st1 + TILE);
+#undef STORE_SCALED
 }
 
 // qt2: (ceil(D/2), ldq) pairs  k: (nk, D) bf16 rows k_sl apart  st: (nk, ldq)

@@ -178,7 +178,8 @@ typedef struct attnx_kernels {
      * then pv). Converting in registers costs shuffles a vector of values:
      * on Zen 5 they run beside the FMAs (a tile of 64 queries x 128 keys,
      * Dv=64: 9776 TSC cycles in place against 467 + 9750 with the pass); on
-     * Intel's AMX Xeons they take the port of the second FMA (the forward,
+     * an Intel AMX Xeon they are slower, likely because Intel's one shuffle
+     * port is also the port of its second FMA (the forward,
      * L=1024 D=64, one thread: 1.21-1.25x float32 in place, 1.38-1.40x with
      * the pass). */
     int pv_half_tiles;
