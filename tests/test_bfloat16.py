@@ -186,14 +186,21 @@ import numpy as np, attnx, ml_dtypes
 from attnx import _attnx
 rng = np.random.default_rng(5)
 worst = 0.0
-# D a multiple of 32 and 16 keys or more: AMX's tiles (1 and 2 key and query
-# tiles a block, keys left over); D=80: vdpbf16ps under AMX too
-for Lq, Lk, D in [(9, 16, 32), (64, 47, 64), (130, 200, 128), (33, 300, 96), (64, 40, 80)]:
-    q, k, v = (rng.standard_normal((1, 2, L, D)).astype(ml_dtypes.bfloat16)
-               for L in (Lq, Lk, Lk))
-    out = attnx.scaled_dot_product_attention(q, k, v, is_causal=Lq == 64)
-    ref = attnx.reference(*(a.astype(np.float64) for a in (q, k, v)), is_causal=Lq == 64)
-    worst = max(worst, float(np.max(np.abs(out - ref) / (1e-5 + 5e-6 * np.abs(ref)))))
+# D a multiple of 32 and 16 keys or more: AMX's tiles for the scores (1 and
+# 2 key and query tiles a block, keys left over); D=80: vdpbf16ps under AMX
+# too; P·V on AMX's tiles for Dv a multiple of 16 (1 and 2 dim tiles), Dv=40
+# not; with the weights (their second pass), and split-K (two rows, long keys)
+for Lq, Lk, D, Dv, weights in [(9, 16, 32, 32, False), (64, 47, 64, 48, True),
+                               (130, 200, 128, 128, False), (33, 300, 96, 96, True),
+                               (64, 40, 80, 80, False), (40, 70, 64, 40, False),
+                               (9, 5000, 64, 64, False)]:
+    q, k, v = (rng.standard_normal((1, 2, L, E)).astype(ml_dtypes.bfloat16)
+               for L, E in ((Lq, D), (Lk, D), (Lk, Dv)))
+    kw = dict(is_causal=Lq == 64, need_weights=weights)
+    out = attnx.scaled_dot_product_attention(q, k, v, **kw)
+    ref = attnx.reference(*(a.astype(np.float64) for a in (q, k, v)), **kw)
+    for o, r in zip(*((out, ref) if weights else ((out,), (ref,)))):
+        worst = max(worst, float(np.max(np.abs(o - r) / (1e-5 + 5e-6 * np.abs(r)))))
 print(_attnx.bf16_dots(), worst)
 """
 
@@ -213,6 +220,24 @@ def test_the_bfloat16_dot_products_can_be_chosen(ask):
     name, worst = res.stdout.split()
     assert name == ("None" if want == "none" else want)
     assert float(worst) <= 1.0, res.stdout
+
+
+def test_values_of_inf_on_the_bfloat16_dot_path(isa, rng):
+    """A value of inf gives inf in the rows that weigh it, as on the float32
+    path, and the other columns keep their values. (AMX's P·V splits each
+    probability into three bfloat16 parts, where 0 · inf would be NaN: its
+    kernel takes FMAs for a tile with inf or NaN values, which
+    tests/c/test_kernels.c checks; here rows that come out inf or NaN are
+    recomputed exactly anyway.)"""
+    q, k, v = (bf(randn(rng, (1, 2, 64, 64))) for _ in range(3))
+    v[0, 0, 70 % 64, 3] = np.inf
+    v[0, 1, 9, 5] = -np.inf
+    out = attnx.scaled_dot_product_attention(q, k, v)
+    out32 = attnx.scaled_dot_product_attention(*(a.astype(np.float32) for a in (q, k, v)))
+    assert np.isposinf(out[0, 0, :, 3]).all() and np.isneginf(out[0, 1, :, 5]).all()
+    np.testing.assert_array_equal(np.isfinite(out), np.isfinite(out32))
+    finite = np.isfinite(out32)
+    assert_close(out[finite], out32[finite].astype(np.float64))
 
 
 def test_subnormals_are_flushed_on_the_bfloat16_dot_path(isa, rng):

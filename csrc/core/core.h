@@ -121,12 +121,15 @@ static inline int rows_attending(const head_bounds *hb, int64_t i0, int rows)
  * bf16_dots: blocks of queries that are all bfloat16 may take kt->qk_bf16
  * against the bfloat16 keys (q_bf16, bfloat16 K/V, and the kernel); they are
  * packed unscaled as bfloat16 pairs, and the kernel scales the sums by the
- * whole scale (1/√D is no bfloat16 value: pre-scaling would round q). */
+ * whole scale (1/√D is no bfloat16 value: pre-scaling would round q). With
+ * pv_tiles those blocks also take kt->pv_bf16 for P·V, into an accumulator
+ * kept transposed (fwd_scratch.acct). */
 typedef struct {
     const attnx_problem *p;
     const attnx_kernels *kt;
     float pre_scale, post_scale;
     int bf16_dots;
+    int pv_tiles; /* bf16_dots and kt->pv_bf16, Dv % 16 == 0: their blocks' P·V on tiles */
 } attnx_run;
 
 attnx_run attnx_run_of(const attnx_problem *p); /* plan.c */
@@ -169,13 +172,16 @@ attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan);
 /* ---- scratch (scratch.c) ----------------------------------------------------
  * A forward item's working set, per thread; stays in cache:
  *   qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ)
- *   | with half-precision K/V: kbuf (BK, D) | vbuf (BK, Dv) */
+ *   | with half-precision K/V: kbuf (BK, D) | vbuf (BK, Dv)
+ *   | with bfloat16 Q, K, V: acct (ldacc, BQ) | pv_work (ATTNX_PV_BF16_WORK(ldacc)) */
 typedef struct {
     float *qt;            /* (D, BQ) packed queries, or (nq, D) rows for qk_dot */
     float *st;            /* (BK, BQ) scores, then probabilities; (nq, BK) when decoding */
     float *acc;           /* (BQ, ldacc) unnormalised output rows */
     float *m, *l, *alpha; /* (BQ) each: running max, sum, rescale factor */
     float *kbuf, *vbuf;   /* a tile of keys and values converted to float32, or NULL */
+    float *acct;          /* (ldacc, BQ) the accumulator transposed, for pv_bf16, or NULL */
+    float *pv_work;       /* pv_bf16's working memory, or NULL */
 } fwd_scratch;
 
 /* A backward block's working set, per thread:

@@ -76,16 +76,36 @@ static int pack_queries(const fwd_job *jb, const fwd_scratch *s, const item_view
     return 0;
 }
 
-/* Returns pack_queries' answer: whether the scores take qk_bf16. */
-static int start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+/* How an item's tiles are computed: the scores with qk_bf16 (pairs), and
+ * P·V with pv_bf16 into the transposed accumulator s->acct (tiles). */
+typedef struct {
+    int pairs, tiles;
+} item_path;
+
+static item_path start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
-    const int pairs = pack_queries(jb, s, it);
+    item_path path;
+    path.pairs = pack_queries(jb, s, it);
+    path.tiles = path.pairs && jb->run.pv_tiles;
     for (int i = 0; i < BQ; i++) {
         s->m[i] = -INFINITY;
         s->l[i] = 0.0f;
     }
-    memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->plan.ldacc);
-    return pairs;
+    if (path.tiles)
+        memset(s->acct, 0, sizeof(float) * (size_t)jb->run.p->Dv * BQ);
+    else
+        memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->plan.ldacc);
+    return path;
+}
+
+/* The accumulator in rows (s->acc) once the keys are done: s->acct
+ * transposed back when the tiles summed into it (pack_qt's transpose, at
+ * scale 1: exact). */
+static void finish_values(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
+                          const item_path *path)
+{
+    if (path->tiles)
+        jb->run.kt->pack_qt(s->acct, BQ, (int)jb->run.p->Dv, it->nq, 1.0f, s->acc, jb->plan.ldacc);
 }
 
 /* Row j0 of the item's key/value head in a 16-bit tensor (not NULL). */
@@ -120,15 +140,21 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
 }
 
 /* acc = alpha · acc + P · V over the tile's values (alpha NULL: no rescale).
- * 16-bit values are converted in registers as pv_half reads them (the same
- * bits as pv on rows converted by half_rows) when decoding, and on the
- * bfloat16 dot path where the kernels say so (pv_half_tiles: vdpbf16ps on
- * Zen, not AMX on Intel). AVX2's float16 conversion in registers is slower:
- * other tiles keep the pass. */
+ * On tiles (path->tiles: AMX) into acct with pv_bf16. 16-bit values are
+ * converted in registers as pv_half reads them (the same bits as pv on rows
+ * converted by half_rows) when decoding, and on the bfloat16 dot path where
+ * the kernels say so (pv_half_tiles: vdpbf16ps on Zen). AVX2's float16
+ * conversion in registers is slower: other tiles keep the pass. */
 static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0,
-                       int nk, const float *alpha)
+                       int nk, const float *alpha, const item_path *path)
 {
     const attnx_problem *p = jb->run.p;
+    if (path->tiles) {
+        const attnx_half_tensor *v = &p->v16;
+        jb->run.kt->pv_bf16(s->st, BQ, it->nq, half_rows_at(v, it, j0), v->sl, nk, p->Dv, alpha,
+                            s->acct, s->pv_work);
+        return;
+    }
     const int rows = rows_layout(jb, it->nq);
     const int64_t s_key = rows ? 1 : BQ, s_row = rows ? BK : 1; /* the tile's layout */
     if (p->v16.data && (rows || (jb->run.bf16_dots && jb->run.kt->pv_half_tiles))) {
@@ -156,13 +182,14 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
                        int64_t kstop, float *part)
 {
     const int nq = it->nq;
-    const int pairs = start_rows(jb, s, it);
+    const item_path path = start_rows(jb, s, it);
     for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
         const int nk = (int)min64(BK, kstop - j0);
-        scores(jb, s, it, j0, nk, pairs);
+        scores(jb, s, it, j0, nk, path.pairs);
         softmax_tile(jb, s, it, nk);
-        add_values(jb, s, it, j0, nk, s->alpha);
+        add_values(jb, s, it, j0, nk, s->alpha, &path);
     }
+    finish_values(jb, s, it, &path);
     if (!part) {
         attnx_fold_sinks(jb, s, it);
         attnx_write_rows(jb, s, it, 1);
@@ -174,19 +201,19 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
 }
 
 /* need_weights, pass 1: each row's max and sum; s->alpha becomes 1 / sum.
- * Returns start_rows' answer, for pass 2's scores. */
-static int weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+ * Returns start_rows' answer, for pass 2. */
+static item_path weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
-    const int pairs = start_rows(jb, s, it);
+    const item_path path = start_rows(jb, s, it);
     for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
-        scores(jb, s, it, j0, nk, pairs);
+        scores(jb, s, it, j0, nk, path.pairs);
         softmax_tile(jb, s, it, nk);
     }
     attnx_fold_sinks(jb, s, it);
     for (int i = 0; i < BQ; i++) /* a NaN sum gives a NaN inverse: it propagates */
         s->alpha[i] = (i < it->nq && s->l[i] != 0.0f) ? 1.0f / s->l[i] : 0.0f;
-    return pairs;
+    return path;
 }
 
 /* need_weights, pass 2: the exact probabilities, written out and summed
@@ -196,10 +223,10 @@ void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view
     const attnx_problem *p = jb->run.p;
     const attnx_kernels *kt = jb->run.kt;
     const int nq = it->nq;
-    const int pairs = weights_stats(jb, s, it);
+    const item_path path = weights_stats(jb, s, it);
     for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
-        scores(jb, s, it, j0, nk, pairs);
+        scores(jb, s, it, j0, nk, path.pairs);
         if (rows_layout(jb, nq)) {
             kt->softmax_rows_final(s->st, BK, nq, nk, s->m, s->alpha);
             for (int i = 0; i < nq; i++)
@@ -209,8 +236,9 @@ void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view
             for (int i = 0; i < nq; i++) /* transpose: contiguous stores, reads in L1 */
                 for (int j = 0; j < nk; j++) it->w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
         }
-        add_values(jb, s, it, j0, nk, NULL);
+        add_values(jb, s, it, j0, nk, NULL, &path);
     }
+    finish_values(jb, s, it, &path);
     attnx_write_rows(jb, s, it, 0);
     for (int i = 0; i < nq; i++)
         if (s->l[i] != s->l[i]) /* a NaN row is NaN throughout, skipped keys too */

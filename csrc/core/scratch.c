@@ -61,13 +61,26 @@ void attnx_scratch_give_back(int tid, float *buf)
     if (tid != 0) free(buf); /* thread 0's stays cached */
 }
 
+/* pv_bf16 may run: bfloat16 queries, keys and values */
+static int all_bf16(const attnx_problem *p)
+{
+    return p->q_bf16 && p->k16.data && p->half_format == ATTNX_HALF_BF16;
+}
+
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_t *floats)
 {
-    size_t main, kv = 0;
+    size_t main, kv = 0, tiles = 0;
     if (!mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, &main) ||
         (p->k16.data && !mul_ok((size_t)p->D + (size_t)p->Dv, BK, &kv)) || main > SIZE_MAX - kv)
         return ATTNX_ERR_OVERFLOW;
-    *floats = main + kv;
+    if (all_bf16(p)) { /* acct and pv_work: ldacc (BQ + BK / 2) + 3 BQ BK / 2 */
+        if (!mul_ok((size_t)ldacc, BQ + BK / 2, &tiles) ||
+            tiles > SIZE_MAX - 3 * (size_t)BQ * (BK / 2))
+            return ATTNX_ERR_OVERFLOW;
+        tiles += 3 * (size_t)BQ * (BK / 2);
+    }
+    if (main + kv > SIZE_MAX - tiles) return ATTNX_ERR_OVERFLOW;
+    *floats = main + kv + tiles;
     return ATTNX_OK;
 }
 
@@ -80,10 +93,14 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
     s.m = s.acc + (size_t)ldacc * BQ;
     s.l = s.m + BQ;
     s.alpha = s.l + BQ;
-    s.kbuf = s.vbuf = NULL;
+    s.kbuf = s.vbuf = s.acct = s.pv_work = NULL;
     if (p->k16.data) {
         s.kbuf = s.alpha + BQ;
         s.vbuf = s.kbuf + (size_t)BK * p->D;
+    }
+    if (all_bf16(p)) { /* 64-byte aligned: every offset is a multiple of 16 floats */
+        s.acct = s.vbuf + (size_t)BK * p->Dv;
+        s.pv_work = s.acct + (size_t)ldacc * BQ;
     }
     return s;
 }

@@ -40,6 +40,8 @@
 #endif
 #include <immintrin.h>
 
+#include "kernels/transpose_avx512.h"
+
 #define TILE 16      /* rows of a tile: keys of A and C, pairs of dims of B */
 #define TILE_DIMS 32 /* bfloat16 values in a row of A: 64 bytes */
 
@@ -56,6 +58,23 @@ static const amx_config all_full = {
     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
     .rows = {TILE, TILE, TILE, TILE, TILE, TILE, TILE, TILE},
 };
+
+/* Load the kernels' configuration; *saved gets the thread's (palette 0 if
+ * none was loaded). */
+static void tiles_take(amx_config *saved)
+{
+    _tile_storeconfig(saved);
+    _tile_loadconfig(&all_full);
+}
+
+/* The thread's configuration back, or the tiles released if it had none. */
+static void tiles_give_back(const amx_config *saved)
+{
+    if (saved->palette)
+        _tile_loadconfig(saved);
+    else
+        _tile_release();
+}
 
 /* st[j*ldq + i] *= scale over a block of 16 keys x 16 queries. */
 static inline void scale_block(float *st, int64_t ldq, float scale)
@@ -113,8 +132,7 @@ void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t 
     const int nk_tiles = D % TILE_DIMS ? 0 : nk / TILE * TILE; /* keys the tiles take */
     if (nk_tiles) {
         amx_config saved;
-        _tile_storeconfig(&saved);
-        _tile_loadconfig(&all_full);
+        tiles_take(&saved);
         const int nqv = (nq + TILE - 1) / TILE; /* blocks of 16 queries (qt2 is padded) */
         for (int j = 0; j < nk_tiles; j += 2 * TILE) {
             const int nkb = nk_tiles - j >= 2 * TILE ? 2 : 1;
@@ -122,14 +140,175 @@ void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t 
                 block(nkb, nqv - c >= 2 ? 2 : 1, qt2 + c * TILE, ldq, k + j * k_sl, k_sl, D, scale,
                       st + j * ldq + c * TILE);
         }
-        if (saved.palette)
-            _tile_loadconfig(&saved);
-        else
-            _tile_release();
+        tiles_give_back(&saved);
     }
     if (nk_tiles < nk)
         attnx_qk_bf16_avx512(qt2, ldq, nq, k + nk_tiles * k_sl, k_sl, nk - nk_tiles, D, scale,
                              st + nk_tiles * ldq);
+}
+
+/* ---- P·V: pv_bf16 ----------------------------------------------------------
+ * The tile product runs with the roles: C = 16 dims x 16 queries of the
+ * transposed accumulator acct (Dv, ldq), loaded, summed into and stored back;
+ * A = 16 dims x 32 keys of the values transposed (vt, below); B = 16 pairs of
+ * keys x 16 queries of one part of P (the VNNI layout: a row a pair of keys,
+ * the pair's two parts side by side in each query's 32-bit column). The
+ * probabilities are laid out with the queries in the lanes, so B is cut from
+ * them with no shuffle; the values need the transpose, once a tile. */
+
+#define PARTS 3                                 /* bfloat16 parts of a probability */
+#define PAIRS (ATTNX_BK / 2)                    /* pairs of keys a tile, at most */
+#define PART_FLOATS ((int64_t)PAIRS * ATTNX_BQ) /* one part: (PAIRS, BQ) */
+
+/* The three bfloat16 parts of the probabilities, in B's layout:
+ *   parts[t][p][i] = part t of pt[2p][i] | part t of pt[2p+1][i] << 16
+ * for pairs p < round32(nk) / 2 (keys past nk are 0) and i < 16 nqv. A part is
+ * the top 16 bits of what is left of the probability: truncating to them keeps
+ * 8 significant bits and the binade, so the difference is exact, and three
+ * take all 24 bits. pt: (nk, ldq)  parts: (PARTS, PAIRS, BQ) */
+static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, uint32_t *parts)
+{
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    const int pairs = (nk + 2 * TILE - 1) / (2 * TILE) * TILE;
+    for (int p = 0; p < pairs; p++)
+        for (int c = 0; c < nqv; c++) {
+            const float *row = pt + 2 * p * ldq + c * TILE;
+            __m512 a = 2 * p < nk ? _mm512_loadu_ps(row) : _mm512_setzero_ps();
+            __m512 b = 2 * p + 1 < nk ? _mm512_loadu_ps(row + ldq) : _mm512_setzero_ps();
+            uint32_t *dst = parts + p * ATTNX_BQ + c * TILE;
+            for (int t = 0; t < PARTS; t++) {
+                const __m512i ta = _mm512_and_si512(_mm512_castps_si512(a), top);
+                const __m512i tb = _mm512_and_si512(_mm512_castps_si512(b), top);
+                _mm512_storeu_si512(dst + t * PART_FLOATS,
+                                    _mm512_or_si512(_mm512_srli_epi32(ta, 16), tb));
+                a = _mm512_sub_ps(a, _mm512_castsi512_ps(ta));
+                b = _mm512_sub_ps(b, _mm512_castsi512_ps(tb));
+            }
+        }
+}
+
+/* The values transposed, in A's layout: vt[d*BK + j] = v[j][d] for d < Dv,
+ * j < nk, and 0 for nk <= j < round32(nk). Two rows of 16 dims interleaved
+ * make 16 pairs of keys a 32-bit lane (unpack orders the dims 0-3, 8-11, 4-7,
+ * 12-15); 16 such registers transposed are 16 rows of 32 keys. Returns
+ * nonzero if a value is inf or NaN. v: (nk, Dv) rows v_sl apart  vt: (Dv, BK) */
+/* Dims d0 .. d0+15 of value row j, or 0 past the last row. */
+static inline __m256i dims_of_key(const uint16_t *v, int64_t v_sl, int j, int nk, int64_t d0)
+{
+    return j < nk ? _mm256_loadu_si256((const __m256i *)(v + j * v_sl + d0))
+                  : _mm256_setzero_si256();
+}
+
+static int transpose_values(const uint16_t *v, int64_t v_sl, int nk, int64_t Dv, uint16_t *vt)
+{
+    static const int dim_of[TILE] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+    const __m256i exponent = _mm256_set1_epi16(0x7f80);
+    __mmask16 special = 0;
+    for (int j0 = 0; j0 < nk; j0 += 2 * TILE)
+        for (int64_t d0 = 0; d0 < Dv; d0 += TILE) {
+            __m512 r[TILE];
+            for (int p = 0; p < TILE; p++) {
+                const __m256i a = dims_of_key(v, v_sl, j0 + 2 * p, nk, d0);
+                const __m256i b = dims_of_key(v, v_sl, j0 + 2 * p + 1, nk, d0);
+                special |= _mm256_cmpeq_epi16_mask(_mm256_and_si256(a, exponent), exponent) |
+                           _mm256_cmpeq_epi16_mask(_mm256_and_si256(b, exponent), exponent);
+                const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+                r[p] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+            }
+            transpose_avx512(r);
+            for (int x = 0; x < TILE; x++)
+                _mm512_storeu_ps((float *)(vt + (d0 + dim_of[x]) * ATTNX_BK + j0), r[x]);
+        }
+    return special != 0;
+}
+
+/* acct over (16 ndb) dims x (16 nqb) queries, ndb, nqb in {1, 2}, plus the
+ * products of `steps` rows of 32 keys: C[db][qb] in tile 2 db + qb, the
+ * values in 4-5, the parts in 6-7. vt: (16 ndb, BK)  parts: (PARTS, PAIRS, BQ)
+ * acct: (16 ndb, ldq) */
+static void pv_block(int ndb, int nqb, const uint16_t *vt, const uint32_t *parts, int steps,
+                     float *acct, int64_t ldq)
+{
+    const int64_t a_stride = ATTNX_BK * (int64_t)sizeof *vt;
+    const int64_t b_stride = ATTNX_BQ * (int64_t)sizeof *parts;
+    const int64_t c_stride = ldq * (int64_t)sizeof *acct;
+    float *acct1 = acct + TILE * ldq;
+    _tile_loadd(0, acct, c_stride);
+    if (nqb == 2) _tile_loadd(1, acct + TILE, c_stride);
+    if (ndb == 2) _tile_loadd(2, acct1, c_stride);
+    if (ndb == 2 && nqb == 2) _tile_loadd(3, acct1 + TILE, c_stride);
+    for (int s = 0; s < steps; s++) {
+        _tile_loadd(4, vt + s * TILE_DIMS, a_stride);
+        if (ndb == 2) _tile_loadd(5, vt + TILE * ATTNX_BK + s * TILE_DIMS, a_stride);
+        for (int t = 0; t < PARTS; t++) {
+            const uint32_t *b = parts + t * PART_FLOATS + s * TILE * ATTNX_BQ;
+            _tile_loadd(6, b, b_stride);
+            _tile_dpbf16ps(0, 4, 6);
+            if (nqb == 2) {
+                _tile_loadd(7, b + TILE, b_stride);
+                _tile_dpbf16ps(1, 4, 7);
+            }
+            if (ndb == 2) {
+                _tile_dpbf16ps(2, 5, 6);
+                if (nqb == 2) _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+    }
+    _tile_stored(0, acct, c_stride);
+    if (nqb == 2) _tile_stored(1, acct + TILE, c_stride);
+    if (ndb == 2) _tile_stored(2, acct1, c_stride);
+    if (ndb == 2 && nqb == 2) _tile_stored(3, acct1 + TILE, c_stride);
+}
+
+/* The tile in FMAs, key by key (a value is inf or NaN): the reference's bits.
+ * pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acct: (Dv, ldq) */
+static void pv_fmas(const float *pt, int64_t ldq, int nqv, const uint16_t *v, int64_t v_sl, int nk,
+                    int64_t Dv, const float *alpha, float *acct)
+{
+    for (int64_t d = 0; d < Dv; d++)
+        for (int c = 0; c < nqv; c++) {
+            float *a = acct + d * ldq + c * TILE;
+            __m512 acc = _mm512_loadu_ps(a);
+            if (alpha) acc = _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), acc);
+            for (int j = 0; j < nk; j++) {
+                const uint32_t bits = (uint32_t)v[j * v_sl + d] << 16;
+                float x;
+                memcpy(&x, &bits, sizeof x);
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(pt + j * ldq + c * TILE), _mm512_set1_ps(x),
+                                      acc);
+            }
+            _mm512_storeu_ps(a, acc);
+        }
+}
+
+// pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)  work: ATTNX_PV_BF16_WORK(Dv)
+void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                       int nk, int64_t Dv, const float *alpha, float *acct, float *work)
+{
+    const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
+    uint32_t *parts = (uint32_t *)work;
+    uint16_t *vt = (uint16_t *)(work + PARTS * PART_FLOATS);
+    if (transpose_values(v, v_sl, nk, Dv, vt)) {
+        pv_fmas(pt, ldq, nqv, v, v_sl, nk, Dv, alpha, acct);
+        return;
+    }
+    if (alpha)
+        for (int64_t d = 0; d < Dv; d++)
+            for (int c = 0; c < nqv; c++) {
+                float *a = acct + d * ldq + c * TILE;
+                _mm512_storeu_ps(
+                    a, _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), _mm512_loadu_ps(a)));
+            }
+    if (nk <= 0) return;
+    split_probs(pt, ldq, nqv, nk, parts);
+    const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
+    amx_config saved;
+    tiles_take(&saved);
+    for (int db = 0; db < ndt; db += 2)
+        for (int c = 0; c < nqv; c += 2)
+            pv_block(ndt - db >= 2 ? 2 : 1, nqv - c >= 2 ? 2 : 1, vt + db * TILE * ATTNX_BK,
+                     parts + c * TILE, steps, acct + db * TILE * ldq + c * TILE, ldq);
+    tiles_give_back(&saved);
 }
 
 #if defined(__clang__)

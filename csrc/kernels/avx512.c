@@ -19,8 +19,9 @@
 #define SUFFIX(name) name##_avx512
 #define QK_BF16_TABLE attnx_kernels_avx512_bf16 /* with AVX512_BF16: + qk_bf16 */
 #define QK_BF16 attnx_qk_bf16_avx512
-#define QK_AMX_TABLE attnx_kernels_avx512_amx /* with AMX-BF16: + the tiles' qk_bf16 */
+#define QK_AMX_TABLE attnx_kernels_avx512_amx /* with AMX-BF16: + the tiles' qk_bf16, pv_bf16 */
 #define QK_AMX attnx_qk_bf16_amx
+#define PV_AMX attnx_pv_bf16_amx
 #define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */
 #define QK_NV 2
 #define PV_MR 6 /* 6 queries x 4 vectors: 24 accumulators */
@@ -108,32 +109,7 @@ static inline void hsum4x4_avx512(const __m512 x[4][4], float *st, int64_t ldk)
 #define V_HSUM4X4(x, st, ldk) hsum4x4_avx512(x, st, ldk)
 #define V_HSUM4(a, b, c, d, out) hsum4_avx512(a, b, c, d, out)
 
-/* r[0..15] = its transpose (16 x 16): pairs interleaved, then quadruples,
- * then 128-bit quarters across registers, twice. */
-static inline void transpose_avx512(__m512 r[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
-        t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xDD);
-        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
-        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xDD);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
-        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
-    }
-}
+#include "kernels/transpose_avx512.h"
 #define V_TRANSPOSE(r) transpose_avx512(r)
 /* 16 bytes as floats 0 .. 255 */
 #define V_LOAD_BYTES(p) \

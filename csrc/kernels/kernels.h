@@ -173,6 +173,24 @@ typedef struct attnx_kernels {
     void (*qk_bf16)(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                     int nk, int64_t D, float scale, float *st);
 
+    /* P·V of the bfloat16 dot path on AMX tiles, into an accumulator kept
+     * transposed (a dim a row, the queries in its lanes), for a tile of
+     * probabilities and bfloat16 values (d < Dv, i < nq rounded up to 16):
+     *   acct[d][i] = alpha[i] * acct[d][i] + sum_j pt[j][i] * v[j][d]
+     * (alpha NULL: no rescale). P is not rounded: each probability is split
+     * exactly into three bfloat16 parts, p = p1 + p2 + p3 (the top 8 bits of
+     * its 24, of the rest, and the last 8), so the tile products of the parts
+     * by the bfloat16 values are exact, summed in float32 the unit's own way:
+     * within float32 rounding of the sum of 3·nk terms, with subnormal parts,
+     * values and partial sums flushed to zero (parts below 2^-126 are lost:
+     * under 2^-125 a probability). A tile holding an inf or NaN value takes FMAs
+     * in key order instead (attnx_pv_bf16_scalar's bits), so that 0 · inf is
+     * NaN only where the float32 path has it. NULL except with AMX.
+     * pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)
+     * work: ATTNX_PV_BF16_WORK(Dv) floats, 64-byte aligned; Dv % 16 == 0 */
+    void (*pv_bf16)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
+                    int64_t Dv, const float *alpha, float *acct, float *work);
+
     /* With qk_bf16: 1 if the tiles of the bfloat16 dot path read the 16-bit
      * values in place with pv_half, 0 if they convert them first (half_rows,
      * then pv). Converting in registers costs shuffles a vector of values:
@@ -209,9 +227,15 @@ extern const attnx_kernels attnx_kernels_avx512_bf16;
 extern const attnx_kernels attnx_kernels_avx512_amx;
 void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                        int nk, int64_t D, float scale, float *st);
+void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                       int nk, int64_t Dv, const float *alpha, float *acct, float *work);
 void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st);
 #endif
+
+/* pv_bf16's working memory, in floats: the three parts of P as pairs of
+ * keys (3, BK/2, BQ) and the values transposed (Dv, BK) in bfloat16. */
+#define ATTNX_PV_BF16_WORK(Dv) (3 * (ATTNX_BK / 2) * ATTNX_BQ + (Dv) * (ATTNX_BK / 2))
 
 /* Pack a block of queries for qk_bf16 as pairs of bfloat16 values, one
  * 32-bit word a pair, the even dim in the low half (as the pair lies in a
@@ -228,6 +252,10 @@ int attnx_pack_qt_bf16(const float *q, int64_t q_sl, int nq, int64_t D, uint32_t
  * for tests; not in any table (the scalar table keeps the float32 path). */
 void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st);
+/* The reference of pv_bf16 (scalar.c), for tests: per d and i, in key
+ * order, acc = fmaf(pt[j][i], v[j][d], acc) from alpha[i] * acct[d][i]. */
+void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                          int nk, int64_t Dv, const float *alpha, float *acct);
 #if defined(__aarch64__)
 #define ATTNX_HAVE_NEON 1
 extern const attnx_kernels attnx_kernels_neon;

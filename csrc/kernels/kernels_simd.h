@@ -780,8 +780,8 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
 }
 
 /* The table, and where the includer names them (QK_BF16_TABLE, QK_BF16; and
- * QK_AMX_TABLE, QK_AMX) the same kernels with a qk_bf16 too (avx512.c: the
- * kernels are in avx512_bf16.c and amx.c). */
+ * QK_AMX_TABLE, QK_AMX, PV_AMX) the same kernels with a qk_bf16 (and a
+ * pv_bf16) too (avx512.c: the kernels are in avx512_bf16.c and amx.c). */
 // clang-format off
 #define SIMD_ENTRIES                                  \
     .qk = SUFFIX(qk),                                 \
@@ -812,5 +812,5 @@ const attnx_kernels SUFFIX(attnx_kernels) = {SIMD_ENTRIES};
 const attnx_kernels QK_BF16_TABLE = {SIMD_ENTRIES, .qk_bf16 = QK_BF16, .pv_half_tiles = 1};
 #endif
 #ifdef QK_AMX_TABLE
-const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES, .qk_bf16 = QK_AMX};
+const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES, .qk_bf16 = QK_AMX, .pv_bf16 = PV_AMX};
 #endif

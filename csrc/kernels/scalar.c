@@ -187,6 +187,19 @@ void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16
     }
 }
 
+// pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)
+void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                          int nk, int64_t Dv, const float *alpha, float *acct)
+{
+    for (int64_t d = 0; d < Dv; d++)
+        for (int i = 0; i < nq; i++) {
+            float acc = alpha ? alpha[i] * acct[d * ldq + i] : acct[d * ldq + i];
+            for (int j = 0; j < nk; j++)
+                acc = fmaf(pt[j * ldq + i], attnx_bf16_to_float(v[j * v_sl + d]), acc);
+            acct[d * ldq + i] = acc;
+        }
+}
+
 // acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
 static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
                              float *out, int64_t out_sl)

@@ -913,6 +913,107 @@ static void test_qk_bf16(const char *isa)
     }
 }
 
+/* ---- pv_bf16: P·V on tiles, into the transposed accumulator ---------------------------
+ * A kernel that splits each probability exactly into three bfloat16 parts and
+ * sums the tile products its own way: within the summation bound of the
+ * float64 sum of 3·nk terms (plus what the flushes below 2^-126 lose), and
+ * the reference's bits when a value is inf or NaN (it then takes FMAs). The
+ * reference itself is checked against the float64 sum too. */
+
+/* A probability as the softmax leaves it: in [0, 1], from 1 down to tiny
+ * (2^-120), with all 24 bits in use, or 0. */
+static float random_prob(void)
+{
+    const double u = urand();
+    if (u < 0.05) return 0.0f;
+    if (u < 0.1) return 1.0f;
+    return (float)ldexp(urand(), -(int)(urand() * (u < 0.2 ? 120 : 12)));
+}
+
+/* kind 0: ordinary values; 1: any 16 bits (inf and NaN take the FMAs);
+ * 2: subnormal values among ordinary ones. acct: (Dv + 1, LDQ), the last
+ * row and the lanes past round16(nq) guards. */
+static void pv_bf16_case(const attnx_kernels *kt, int nq, int nk, int Dv, int64_t v_sl, int kind,
+                         int with_alpha)
+{
+    const size_t nv = (size_t)((nk ? nk - 1 : 0) * v_sl + Dv);
+    float *pt = malloc(sizeof(float) * (size_t)(nk ? nk : 1) * LDQ), alpha[LDQ];
+    uint16_t *v = malloc(sizeof(uint16_t) * nv);
+    float *acct = guarded((size_t)(Dv + 1) * LDQ), *ref = guarded((size_t)(Dv + 1) * LDQ);
+    float *init = guarded((size_t)Dv * LDQ);
+    float *work = aligned_alloc(64, sizeof(float) * ATTNX_PV_BF16_WORK(128));
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < LDQ; i++) pt[j * LDQ + i] = random_prob();
+    int special = 0;
+    for (size_t x = 0; x < nv; x++) {
+        v[x] = random_bf16(kind == 2 ? (urand() < 0.1 ? 2 : 0) : kind);
+        special |= (v[x] & 0x7f80u) == 0x7f80u && (int64_t)x % v_sl < Dv;
+    }
+    for (int d = 0; d < Dv; d++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++)
+            init[d * LDQ + i] = acct[d * LDQ + i] = ref[d * LDQ + i] = nrand();
+    for (int i = 0; i < LDQ; i++) alpha[i] = (float)urand();
+    const float *al = with_alpha ? alpha : NULL;
+    kt->pv_bf16(pt, LDQ, nq, v, v_sl, nk, Dv, al, acct, work);
+    attnx_pv_bf16_scalar(pt, LDQ, nq, v, v_sl, nk, Dv, al, ref);
+    cur.cases++;
+    for (int d = 0; d < Dv; d++)
+        for (int i = 0; i < nq; i++) {
+            const float got = acct[d * LDQ + i], want = ref[d * LDQ + i];
+            if (special) { /* the FMAs, key by key: the reference's bits */
+                expect_same(got, want, "acct (inf or NaN values)", d, i);
+                continue;
+            }
+            const float a = al ? al[i] * init[d * LDQ + i] : init[d * LDQ + i];
+            double sum = a, mag = fabs(a), vmax = 0.0;
+            for (int j = 0; j < nk; j++) {
+                const double x = bf16_value(v[j * v_sl + d]), t = pt[j * LDQ + i] * x;
+                sum += t;
+                mag += fabs(t);
+                vmax = fabs(x) > vmax ? fabs(x) : vmax;
+            }
+            /* the reference: nk FMAs; the tiles: 3 nk products, their parts,
+             * values and sums flushed below 2^-126 */
+            expect_within(want, (float)sum, (nk + 2) * 0x1p-23 * mag + 0x1p-149, "reference", d, i);
+            expect_within(got, (float)sum,
+                          (3 * nk + 2) * 0x1p-23 * mag + (4.0 * nk + 2) * 0x1p-125 * (1 + vmax),
+                          "acct", d, i);
+        }
+    for (int d = 0; d < Dv; d++)
+        for (int i = ATTNX_ROUND16(nq); i < LDQ; i++)
+            expect(acct[d * LDQ + i] == GUARD, "acct[%d][%d] written past the queries", d, i);
+    for (int i = 0; i < LDQ; i++)
+        expect(acct[Dv * LDQ + i] == GUARD, "acct row %d (Dv) written", Dv);
+    free(pt), free(v), free(acct), free(ref), free(init), free(work);
+}
+
+/* Every pv_bf16 of an instruction set's bfloat16 dot products that this CPU
+ * has: 1 and 2 tiles of dims and queries, keys 1 .. BK (whole and partial rows
+ * of 32 keys), with and without the rescale. */
+static void test_pv_bf16(const char *isa)
+{
+    static const int dims[] = {16, 32, 48, 64, 80, 128};
+    static const int keys[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 100, 127, 128};
+    const attnx_isa *row = NULL;
+    for (int s = 0; s < attnx_isa_total; s++)
+        if (strcmp(attnx_isas[s].name, isa) == 0) row = &attnx_isas[s];
+    for (const attnx_dots *dots = row && row->dots ? row->dots : NULL; dots && dots->name; dots++) {
+        if (!dots->kernels->pv_bf16 || !dots->supported()) continue;
+        char what[64];
+        snprintf(what, sizeof what, "pv_bf16 %s", dots->name);
+        begin(isa, what, "summation");
+        for (int kind = 0; kind < 3; kind++)
+            for (int a = 0; a < SMAX + NWIDE; a++)
+                for (int x = 0; x < 6; x++)
+                    for (int y = 0; y < 14; y += 1 + (a + x) % 3) {
+                        const int nq = size_at(a) > LDQ ? LDQ : size_at(a), Dv = dims[x];
+                        pv_bf16_case(dots->kernels, nq, keys[y], Dv, (a + y) % 2 ? Dv : Dv + 5,
+                                     kind, (a + x + y) % 3 != 0);
+                    }
+        end();
+    }
+}
+
 /* ---- fma_burn ---------------------------------------------------------------------- */
 
 /* The peak's kernel counts its flops right (a lane's FMA is 2) and computes
@@ -969,6 +1070,7 @@ int main(void)
         test_half(isa, kt, ATTNX_HALF_F16);
         test_half(isa, kt, ATTNX_HALF_BF16);
         test_qk_bf16(isa);
+        test_pv_bf16(isa);
         test_fma_burn(isa, kt);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
