@@ -73,11 +73,11 @@ attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_
     if (!mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, &main) ||
         (p->k16.data && !mul_ok((size_t)p->D + (size_t)p->Dv, BK, &kv)) || main > SIZE_MAX - kv)
         return ATTNX_ERR_OVERFLOW;
-    if (all_bf16(p)) { /* acct and pv_work: ldacc (BQ + BK / 2) + 3 BQ BK / 2 */
+    if (all_bf16(p)) { /* acct (ldacc, BQ) and pv_work: ATTNX_PV_BF16_WORK(ldacc) */
         if (!mul_ok((size_t)ldacc, BQ + BK / 2, &tiles) ||
-            tiles > SIZE_MAX - 3 * (size_t)BQ * (BK / 2))
+            tiles > SIZE_MAX - (size_t)ATTNX_PV_BF16_WORK(0))
             return ATTNX_ERR_OVERFLOW;
-        tiles += 3 * (size_t)BQ * (BK / 2);
+        tiles += (size_t)ATTNX_PV_BF16_WORK(0);
     }
     if (main + kv > SIZE_MAX - tiles) return ATTNX_ERR_OVERFLOW;
     *floats = main + kv + tiles;

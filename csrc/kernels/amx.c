@@ -156,16 +156,21 @@ void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t 
  * probabilities are laid out with the queries in the lanes, so B is cut from
  * them with no shuffle; the values need the transpose, once a tile. */
 
-#define PARTS 3                                 /* bfloat16 parts of a probability */
-#define PAIRS (ATTNX_BK / 2)                    /* pairs of keys a tile, at most */
-#define PART_FLOATS ((int64_t)PAIRS * ATTNX_BQ) /* one part: (PAIRS, BQ) */
+#define PARTS 3                                /* bfloat16 parts of a probability */
+#define PAIRS (ATTNX_BK / 2)                   /* pairs of keys a tile, at most */
+#define PART_LD (2 * TILE)                     /* queries a row of the parts: 2 tiles */
+#define PART_FLOATS ((int64_t)PAIRS * PART_LD) /* one part: (PAIRS, PART_LD) */
 
-/* The three bfloat16 parts of the probabilities, in B's layout:
+/* The three bfloat16 parts of the probabilities of 16 nqv queries (nqv = 1
+ * or 2 tiles), in B's layout:
  *   parts[t][p][i] = part t of pt[2p][i] | part t of pt[2p+1][i] << 16
  * for pairs p < round32(nk) / 2 (keys past nk are 0) and i < 16 nqv. A part is
  * the top 16 bits of what is left of the probability: truncating to them keeps
  * 8 significant bits and the binade, so the difference is exact, and three
- * take all 24 bits. pt: (nk, ldq)  parts: (PARTS, PAIRS, BQ) */
+ * take all 24 bits. Two query tiles at a time, so that their parts (24 KiB)
+ * stay in L1 while the tiles read them: splitting the whole tile at once
+ * wrote 48 KiB, and took twice as long on the Xeon. pt: (nk, ldq)
+ * parts: (PARTS, PAIRS, PART_LD) */
 static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, uint32_t *parts)
 {
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
@@ -175,8 +180,8 @@ static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, uint32_t 
             const float *row = pt + 2 * p * ldq + c * TILE;
             __m512 a = 2 * p < nk ? _mm512_loadu_ps(row) : _mm512_setzero_ps();
             __m512 b = 2 * p + 1 < nk ? _mm512_loadu_ps(row + ldq) : _mm512_setzero_ps();
-            uint32_t *dst = parts + p * ATTNX_BQ + c * TILE;
-            for (int t = 0; t < PARTS; t++) {
+            uint32_t *dst = parts + p * PART_LD + c * TILE;
+            for (int t = 0; t < PARTS - 1; t++) {
                 const __m512i ta = _mm512_and_si512(_mm512_castps_si512(a), top);
                 const __m512i tb = _mm512_and_si512(_mm512_castps_si512(b), top);
                 _mm512_storeu_si512(dst + t * PART_FLOATS,
@@ -184,6 +189,13 @@ static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, uint32_t 
                 a = _mm512_sub_ps(a, _mm512_castsi512_ps(ta));
                 b = _mm512_sub_ps(b, _mm512_castsi512_ps(tb));
             }
+            /* the last part is what is left (its low 16 bits are 0, unless it is
+             * subnormal: cleared in b, as the unit flushes it anyway):
+             * a >> 16 | (b & top) in one ternary logic op */
+            _mm512_storeu_si512(
+                dst + (PARTS - 1) * PART_FLOATS,
+                _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 16),
+                                          _mm512_castps_si512(b), top, 0xf8));
         }
 }
 
@@ -224,13 +236,13 @@ static int transpose_values(const uint16_t *v, int64_t v_sl, int nk, int64_t Dv,
 
 /* acct over (16 ndb) dims x (16 nqb) queries, ndb, nqb in {1, 2}, plus the
  * products of `steps` rows of 32 keys: C[db][qb] in tile 2 db + qb, the
- * values in 4-5, the parts in 6-7. vt: (16 ndb, BK)  parts: (PARTS, PAIRS, BQ)
+ * values in 4-5, the parts in 6-7. vt: (16 ndb, BK)  parts: (PARTS, PAIRS, PART_LD)
  * acct: (16 ndb, ldq) */
 static void pv_block(int ndb, int nqb, const uint16_t *vt, const uint32_t *parts, int steps,
                      float *acct, int64_t ldq)
 {
     const int64_t a_stride = ATTNX_BK * (int64_t)sizeof *vt;
-    const int64_t b_stride = ATTNX_BQ * (int64_t)sizeof *parts;
+    const int64_t b_stride = PART_LD * (int64_t)sizeof *parts;
     const int64_t c_stride = ldq * (int64_t)sizeof *acct;
     float *acct1 = acct + TILE * ldq;
     _tile_loadd(0, acct, c_stride);
@@ -241,7 +253,7 @@ static void pv_block(int ndb, int nqb, const uint16_t *vt, const uint32_t *parts
         _tile_loadd(4, vt + s * TILE_DIMS, a_stride);
         if (ndb == 2) _tile_loadd(5, vt + TILE * ATTNX_BK + s * TILE_DIMS, a_stride);
         for (int t = 0; t < PARTS; t++) {
-            const uint32_t *b = parts + t * PART_FLOATS + s * TILE * ATTNX_BQ;
+            const uint32_t *b = parts + t * PART_FLOATS + s * TILE * PART_LD;
             _tile_loadd(6, b, b_stride);
             _tile_dpbf16ps(0, 4, 6);
             if (nqb == 2) {
@@ -300,14 +312,16 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
                     a, _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), _mm512_loadu_ps(a)));
             }
     if (nk <= 0) return;
-    split_probs(pt, ldq, nqv, nk, parts);
     const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
     amx_config saved;
     tiles_take(&saved);
-    for (int db = 0; db < ndt; db += 2)
-        for (int c = 0; c < nqv; c += 2)
-            pv_block(ndt - db >= 2 ? 2 : 1, nqv - c >= 2 ? 2 : 1, vt + db * TILE * ATTNX_BK,
-                     parts + c * TILE, steps, acct + db * TILE * ldq + c * TILE, ldq);
+    for (int c = 0; c < nqv; c += 2) {
+        const int nqb = nqv - c >= 2 ? 2 : 1;
+        split_probs(pt + c * TILE, ldq, nqb, nk, parts);
+        for (int db = 0; db < ndt; db += 2)
+            pv_block(ndt - db >= 2 ? 2 : 1, nqb, vt + db * TILE * ATTNX_BK, parts, steps,
+                     acct + db * TILE * ldq + c * TILE, ldq);
+    }
     tiles_give_back(&saved);
 }
 

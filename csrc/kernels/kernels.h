@@ -191,15 +191,15 @@ typedef struct attnx_kernels {
     void (*pv_bf16)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
                     int64_t Dv, const float *alpha, float *acct, float *work);
 
-    /* With qk_bf16: 1 if the tiles of the bfloat16 dot path read the 16-bit
-     * values in place with pv_half, 0 if they convert them first (half_rows,
-     * then pv). Converting in registers costs shuffles a vector of values:
-     * on Zen 5 they run beside the FMAs (a tile of 64 queries x 128 keys,
-     * Dv=64: 9776 TSC cycles in place against 467 + 9750 with the pass); on
-     * an Intel AMX Xeon they are slower, likely because Intel's one shuffle
-     * port is also the port of its second FMA (the forward,
-     * L=1024 D=64, one thread: 1.21-1.25x float32 in place, 1.38-1.40x with
-     * the pass). */
+    /* With qk_bf16, for the tiles that pv_bf16 does not take: 1 if the
+     * tiles of the bfloat16 dot path read the 16-bit values in place with
+     * pv_half, 0 if they convert them first (half_rows, then pv). Converting
+     * in registers costs shuffles a vector of values: on Zen 5 they run
+     * beside the FMAs (a tile of 64 queries x 128 keys, Dv=64: 9776 TSC
+     * cycles in place against 467 + 9750 with the pass); on an Intel AMX Xeon
+     * they are slower, likely because Intel's one shuffle port is also the
+     * port of its second FMA (the forward, L=1024 D=64, one thread, before
+     * pv_bf16: 1.21-1.25x float32 in place, 1.38-1.40x with the pass). */
     int pv_half_tiles;
 
     /* The compute roofline: rounds × ATTNX_PEAK_CHAINS independent chains of
@@ -233,9 +233,10 @@ void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16
                           int nk, int64_t D, float scale, float *st);
 #endif
 
-/* pv_bf16's working memory, in floats: the three parts of P as pairs of
- * keys (3, BK/2, BQ) and the values transposed (Dv, BK) in bfloat16. */
-#define ATTNX_PV_BF16_WORK(Dv) (3 * (ATTNX_BK / 2) * ATTNX_BQ + (Dv) * (ATTNX_BK / 2))
+/* pv_bf16's working memory, in floats: the three parts of P of 32 queries
+ * as pairs of keys (3, BK/2, 32) and the values transposed (Dv, BK) in
+ * bfloat16. */
+#define ATTNX_PV_BF16_WORK(Dv) (3 * (ATTNX_BK / 2) * 32 + (Dv) * (ATTNX_BK / 2))
 
 /* Pack a block of queries for qk_bf16 as pairs of bfloat16 values, one
  * 32-bit word a pair, the even dim in the low half (as the pair lies in a

@@ -85,5 +85,22 @@ int main(int argc, char **argv)
            "total-> %.1f flop/cyc (%.2fx float32)\n",
            isa, D, bb[0], fl / bb[0], bb[1], 2 * fl / (bb[0] + bb[1] + best[1] + best[2]),
            (best[0] + best[1] + best[2]) / (bb[0] + bb[1] + best[1] + best[2]));
+    if (!K->pv_bf16 || D % 16) return 0;
+    /* P·V on tiles (AMX): the probabilities of the softmax above, the values
+     * in place, into the transposed accumulator */
+    float *work = aligned_alloc(64, 4 * ATTNX_PV_BF16_WORK(D)),
+          *acct = aligned_alloc(64, 4 * D * NQ);
+    for (int i = 0; i < D * NQ; i++) acct[i] = 0;
+    double bp = 1e30;
+    for (int rep = 0; rep < 3000; rep++) {
+        unsigned long long t0 = __rdtsc();
+        K->pv_bf16(st, NQ, NQ, v16 + (rep % NT) * NK * D, D, NK, D, al, acct, work);
+        unsigned long long t1 = __rdtsc();
+        if (t1 - t0 < bp) bp = t1 - t0;
+    }
+    printf("%s D=%d bfloat16: pv_bf16 %.0f cyc (%.1f flop/cyc)  total-> %.1f flop/cyc (%.2fx "
+           "float32)\n",
+           isa, D, bp, fl / bp, 2 * fl / (bb[0] + best[1] + bp),
+           (best[0] + best[1] + best[2]) / (bb[0] + best[1] + bp));
     return 0;
 }
