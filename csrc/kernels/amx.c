@@ -214,24 +214,24 @@ static inline __m256i dims_of_key(const uint16_t *v, int64_t v_sl, int j, int nk
 static int transpose_values(const uint16_t *v, int64_t v_sl, int nk, int64_t Dv, uint16_t *vt)
 {
     static const int dim_of[TILE] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
-    const __m256i exponent = _mm256_set1_epi16(0x7f80);
-    __mmask16 special = 0;
+    const __m512i exponent = _mm512_set1_epi16(0x7f80);
+    __m512i top = _mm512_setzero_si512(); /* the largest exponent field seen */
     for (int j0 = 0; j0 < nk; j0 += 2 * TILE)
         for (int64_t d0 = 0; d0 < Dv; d0 += TILE) {
             __m512 r[TILE];
             for (int p = 0; p < TILE; p++) {
                 const __m256i a = dims_of_key(v, v_sl, j0 + 2 * p, nk, d0);
                 const __m256i b = dims_of_key(v, v_sl, j0 + 2 * p + 1, nk, d0);
-                special |= _mm256_cmpeq_epi16_mask(_mm256_and_si256(a, exponent), exponent) |
-                           _mm256_cmpeq_epi16_mask(_mm256_and_si256(b, exponent), exponent);
                 const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
-                r[p] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+                const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                top = _mm512_max_epu16(top, _mm512_and_si512(ab, exponent));
+                r[p] = _mm512_castsi512_ps(ab);
             }
             transpose_avx512(r);
             for (int x = 0; x < TILE; x++)
                 _mm512_storeu_ps((float *)(vt + (d0 + dim_of[x]) * ATTNX_BK + j0), r[x]);
         }
-    return special != 0;
+    return _mm512_cmpeq_epi16_mask(top, exponent) != 0; /* all ones: inf or NaN */
 }
 
 /* acct over (16 ndb) dims x (16 nqb) queries, ndb, nqb in {1, 2}, plus the
