@@ -778,6 +778,14 @@ static void test_pack_bf16(void)
     end();
 }
 
+/* The row of attnx_isas named isa, or NULL. */
+static const attnx_isa *isa_row(const char *isa)
+{
+    for (int s = 0; s < attnx_isa_total; s++)
+        if (strcmp(attnx_isas[s].name, isa) == 0) return &attnx_isas[s];
+    return NULL;
+}
+
 /* A bfloat16 value as the dot products read it: subnormals are 0. */
 static double bf16_flushed(uint16_t h)
 {
@@ -884,9 +892,7 @@ static void test_qk_bf16(const char *isa)
 {
     static const float scales[] = {0.125f, 0.37f, 1.0f, 3.0f};
     static const int dims[] = {1, 24, 32, 47, 64, 70, 96, 128};
-    const attnx_isa *row = NULL;
-    for (int s = 0; s < attnx_isa_total; s++)
-        if (strcmp(attnx_isas[s].name, isa) == 0) row = &attnx_isas[s];
+    const attnx_isa *row = isa_row(isa);
     if (!row || !row->dots) {
         printf("  %-7s %-15s (none: the float32 path)\n", isa, "qk_bf16");
         return;
@@ -994,9 +1000,7 @@ static void test_pv_bf16(const char *isa)
 {
     static const int dims[] = {16, 32, 48, 64, 80, 128};
     static const int keys[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 100, 127, 128};
-    const attnx_isa *row = NULL;
-    for (int s = 0; s < attnx_isa_total; s++)
-        if (strcmp(attnx_isas[s].name, isa) == 0) row = &attnx_isas[s];
+    const attnx_isa *row = isa_row(isa);
     for (const attnx_dots *dots = row && row->dots ? row->dots : NULL; dots && dots->name; dots++) {
         if (!dots->kernels->pv_bf16 || !dots->supported()) continue;
         char what[64];
