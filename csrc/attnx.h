@@ -153,8 +153,10 @@ typedef struct {
      * of more than a few query rows then compute Q·Kᵀ with bfloat16 dot
      * products: float32 sums of exact products, in another order, with
      * subnormal inputs and sums flushed to zero, the scale applied to the
-     * sums (docs/DESIGN.md, "bfloat16 dot products"). Checked, not trusted:
-     * a block of queries holding another value takes the float32 path. */
+     * sums (docs/DESIGN.md, "bfloat16 dot products"); with AMX-BF16, P·V
+     * too, on P split exactly into three bfloat16 parts (not rounded).
+     * Checked, not trusted: a block of queries holding another value takes
+     * the float32 path. */
     int q_bf16;
 } attnx_problem;
 
