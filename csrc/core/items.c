@@ -91,10 +91,10 @@ static item_path start_rows(const fwd_job *jb, const fwd_scratch *s, const item_
         s->m[i] = -INFINITY;
         s->l[i] = 0.0f;
     }
-    if (path.tiles)
-        memset(s->acct, 0, sizeof(float) * (size_t)jb->run.p->Dv * BQ);
-    else
-        memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->plan.ldacc);
+    /* acc too when the tiles sum into acct: the weights' pass 1 folds the
+     * sinks into it before pass 2 recomputes it */
+    memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->plan.ldacc);
+    if (path.tiles) memset(s->acct, 0, sizeof(float) * (size_t)jb->run.p->Dv * BQ);
     return path;
 }
 
