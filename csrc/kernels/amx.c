@@ -1,7 +1,9 @@
 /* AMX (Intel Xeon since Sapphire Rapids): the scores of bfloat16 queries and
- * keys with tile multiplies. One TDPBF16PS adds to a 16 x 16 float32 tile C
- * the products of a 16 x 32 bfloat16 tile A and a 32 x 16 one B: 16384
- * flops an instruction, where vdpbf16ps does 64 and an FMA 32.
+ * keys with tile multiplies (qk_bf16), and P·V over bfloat16 values with P
+ * split exactly into bfloat16 parts (pv_bf16, below). One TDPBF16PS adds to a
+ * 16 x 16 float32 tile C the products of a 16 x 32 bfloat16 tile A and a
+ * 32 x 16 one B: 16384 flops an instruction, where vdpbf16ps does 64 and an
+ * FMA 32.
  *
  * The layouts fit the scores without packing anything more:
  *   A = 16 keys x 32 dims, rows of the bfloat16 keys read in place (k_sl apart);
@@ -199,11 +201,6 @@ static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, uint32_t 
         }
 }
 
-/* The values transposed, in A's layout: vt[d*BK + j] = v[j][d] for d < Dv,
- * j < nk, and 0 for nk <= j < round32(nk). Two rows of 16 dims interleaved
- * make 16 pairs of keys a 32-bit lane (unpack orders the dims 0-3, 8-11, 4-7,
- * 12-15); 16 such registers transposed are 16 rows of 32 keys. Returns
- * nonzero if a value is inf or NaN. v: (nk, Dv) rows v_sl apart  vt: (Dv, BK) */
 /* Dims d0 .. d0+15 of value row j, or 0 past the last row. */
 static inline __m256i dims_of_key(const uint16_t *v, int64_t v_sl, int j, int nk, int64_t d0)
 {
@@ -211,6 +208,11 @@ static inline __m256i dims_of_key(const uint16_t *v, int64_t v_sl, int j, int nk
                   : _mm256_setzero_si256();
 }
 
+/* The values transposed, in A's layout: vt[d*BK + j] = v[j][d] for d < Dv,
+ * j < nk, and 0 for nk <= j < round32(nk). Two rows of 16 dims interleaved
+ * make 16 pairs of keys a 32-bit lane (unpack orders the dims 0-3, 8-11, 4-7,
+ * 12-15); 16 such registers transposed are 16 rows of 32 keys. Returns
+ * nonzero if a value is inf or NaN. v: (nk, Dv) rows v_sl apart  vt: (Dv, BK) */
 static int transpose_values(const uint16_t *v, int64_t v_sl, int nk, int64_t Dv, uint16_t *vt)
 {
     static const int dim_of[TILE] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
