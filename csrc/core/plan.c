@@ -14,7 +14,7 @@ attnx_run attnx_run_of(const attnx_problem *p)
         .pre_scale = large ? 1.0f : p->scale,
         .post_scale = large ? p->scale : 1.0f,
     };
-    r.bf16_dots = r.kt->qk_bf16 && p->q_bf16 && p->k16.data && p->half_format == ATTNX_HALF_BF16;
+    r.bf16_dots = r.kt->qk_bf16 && all_bf16(p);
     r.pv_tiles = r.bf16_dots && r.kt->pv_bf16 && p->Dv % 16 == 0;
     return r;
 }

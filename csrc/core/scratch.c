@@ -61,12 +61,6 @@ void attnx_scratch_give_back(int tid, float *buf)
     if (tid != 0) free(buf); /* thread 0's stays cached */
 }
 
-/* pv_bf16 may run: bfloat16 queries, keys and values */
-static int all_bf16(const attnx_problem *p)
-{
-    return p->q_bf16 && p->k16.data && p->half_format == ATTNX_HALF_BF16;
-}
-
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_t *floats)
 {
     size_t main, kv = 0, tiles = 0;

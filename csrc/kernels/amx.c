@@ -21,9 +21,10 @@
  * The unit sums the 32 products of an instruction its own way, not FMA by
  * FMA as vdpbf16ps does (measured on a Xeon with AMX: neither order of FMAs
  * matched its bits over 512k random sums, and 1 + 2^-24 + 2^-24 gave
- * 1 + 2^-23, where FMAs in either order give 1), so this kernel matches attnx_qk_bf16_scalar within
- * float32 rounding of the sum, not bit for bit (tests/c/test_kernels.c bounds it). Like vdpbf16ps
- * it reads bfloat16 subnormals as zero and flushes subnormal sums.
+ * 1 + 2^-23, where FMAs in either order give 1), so this kernel matches
+ * attnx_qk_bf16_scalar within float32 rounding of the sum, not bit for bit
+ * (tests/c/test_kernels.c bounds it). Like vdpbf16ps it reads bfloat16
+ * subnormals as zero and flushes subnormal sums.
  *
  * The tile configuration is per thread, and other code on the thread (a
  * oneDNN matmul under torch) may have its own loaded: the kernel saves it,
@@ -162,6 +163,8 @@ void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t 
 #define PAIRS (ATTNX_BK / 2)                   /* pairs of keys a tile, at most */
 #define PART_LD (2 * TILE)                     /* queries a row of the parts: 2 tiles */
 #define PART_FLOATS ((int64_t)PAIRS * PART_LD) /* one part: (PAIRS, PART_LD) */
+_Static_assert(PARTS *PART_FLOATS == ATTNX_PV_BF16_WORK(0),
+               "ATTNX_PV_BF16_WORK holds the parts, then the values transposed");
 
 /* The three bfloat16 parts of the probabilities of 16 nqv queries (nqv = 1
  * or 2 tiles), in B's layout:
@@ -274,23 +277,19 @@ static void pv_block(int ndb, int nqb, const uint16_t *vt, const uint32_t *parts
     if (ndb == 2 && nqb == 2) _tile_stored(3, acct1 + TILE, c_stride);
 }
 
-/* The tile in FMAs, key by key (a value is inf or NaN): the reference's bits.
- * pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart  acct: (Dv, ldq) */
+/* The tile in FMAs, key by key (a value is inf or NaN): after the rescale,
+ * the reference's bits. pt: (nk, ldq)  v: (nk, Dv) rows v_sl apart
+ * acct: (Dv, ldq) */
 static void pv_fmas(const float *pt, int64_t ldq, int nqv, const uint16_t *v, int64_t v_sl, int nk,
-                    int64_t Dv, const float *alpha, float *acct)
+                    int64_t Dv, float *acct)
 {
     for (int64_t d = 0; d < Dv; d++)
         for (int c = 0; c < nqv; c++) {
             float *a = acct + d * ldq + c * TILE;
             __m512 acc = _mm512_loadu_ps(a);
-            if (alpha) acc = _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), acc);
-            for (int j = 0; j < nk; j++) {
-                const uint32_t bits = (uint32_t)v[j * v_sl + d] << 16;
-                float x;
-                memcpy(&x, &bits, sizeof x);
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(pt + j * ldq + c * TILE), _mm512_set1_ps(x),
-                                      acc);
-            }
+            for (int j = 0; j < nk; j++)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(pt + j * ldq + c * TILE),
+                                      _mm512_set1_ps(attnx_bf16_to_float(v[j * v_sl + d])), acc);
             _mm512_storeu_ps(a, acc);
         }
 }
@@ -302,17 +301,18 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
     const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
     uint32_t *parts = (uint32_t *)work;
     uint16_t *vt = (uint16_t *)(work + PARTS * PART_FLOATS);
-    if (transpose_values(v, v_sl, nk, Dv, vt)) {
-        pv_fmas(pt, ldq, nqv, v, v_sl, nk, Dv, alpha, acct);
-        return;
-    }
-    if (alpha)
+    const int special = transpose_values(v, v_sl, nk, Dv, vt);
+    if (alpha) /* alpha[i] * acct[d][i], as the reference's first step */
         for (int64_t d = 0; d < Dv; d++)
             for (int c = 0; c < nqv; c++) {
                 float *a = acct + d * ldq + c * TILE;
                 _mm512_storeu_ps(
                     a, _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), _mm512_loadu_ps(a)));
             }
+    if (special) {
+        pv_fmas(pt, ldq, nqv, v, v_sl, nk, Dv, acct);
+        return;
+    }
     if (nk <= 0) return;
     const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
     amx_config saved;
