@@ -340,7 +340,8 @@ def _fast_path(q: object, k: object, v: object, dropout_p: object, is_causal: ob
 
 def plain_forward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], is_causal: object,
                   scale: object, gqa: bool,
-                  q_bfloat16: bool = False) -> Optional[NDArray[np.float32]]:
+                  q_bfloat16: bool = False,
+                  threads: Optional[int] = None) -> Optional[NDArray[np.float32]]:
     """The plain call's core forward, on aligned arrays: q float32 (B, Hq, Lq, E)
     (``q_bfloat16``: holding bfloat16 values, see ``AttentionArgs.astype``),
     k and v (B, Hk, Lk, E) and (B, Hk, Lk, Ev), float32, or both float16, or
@@ -348,7 +349,8 @@ def plain_forward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], is_causal: 
     ``gqa``); every last axis contiguous; is_causal a bool; scale None or a
     finite float. Returns the output (B, Hq, Lq, Ev), or None for anything
     else (the caller then takes the checked path). Used by the NumPy fast
-    path and by attnx.torch's lean path for the calls models make."""
+    path and by attnx.torch's lean path for the calls models make.
+    ``threads``: the call's thread count (None: CALL_THREADS')."""
     if not (q.ndim == 4 and k.ndim == 4 and v.ndim == 4):
         return None
     B, Hq, Lq, E = q.shape
@@ -368,5 +370,5 @@ def plain_forward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], is_causal: 
         return None
     out = np.empty((B, Hq, Lq, v.shape[3]), dtype=np.float32)
     _attnx.forward(q, k, v, out, None, None, None, None, CAUSAL[is_causal], scale_f, None, None,
-                   CALL_THREADS.get(), q_bfloat16)
+                   CALL_THREADS.get() if threads is None else threads, q_bfloat16)
     return out

@@ -25,8 +25,18 @@ from ._args import (Alignment, Causal, Layout, Window, bfloat16_arrays, check_fl
 from ._functional import CALL_THREADS, plain_forward
 from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
+from . import _attnx
 
 __all__ = ["scaled_dot_product_attention"]
+
+#: The OpenMP runtime whose threads attnx's calls run on from now on (torch's
+#: libgomp), or None (attnx's own pool). After each of its ops, torch's OpenMP
+#: workers spin for milliseconds; attnx's pool, woken beside them, shared the
+#: cores with them: one bfloat16 attention call of a SmolLM-shaped layer
+#: right after a torch op took 5.4 ms on 2 threads, 3.1 ms on torch's team
+#: (the call alone 2.9; Intel Xeon with AMX, 2 vCPUs). Every call of the
+#: process takes that team, NumPy's too; results are the same bits.
+OPENMP = _attnx.use_openmp(True)
 
 
 def _check_tensors(tensors: Tuple[Optional[torch.Tensor], ...], names: Tuple[str, ...]) -> None:
@@ -73,12 +83,15 @@ _LEAN_KV = {torch.float32: None, torch.float16: None, torch.bfloat16: torch.int1
 def _lean(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: object,
           scale: object, enable_gqa: object) -> Optional[torch.Tensor]:
     """The calls models make while generating (no mask, no variant, no gradient),
-    computed without the general argument handling: about 15 us less a call,
-    most of attnx.torch's own cost for a decoding step's attention. Tensors of
-    4 axes on the CPU: query float32 or bfloat16 (converted to float32), key
-    and value float32, float16 or bfloat16 (read in place, as 16-bit bits).
-    None for anything else, which then takes the checked path."""
-    if not (query.device.type == "cpu" and key.device.type == "cpu" and value.device.type == "cpu"
+    computed without the general argument handling: most of attnx.torch's own
+    cost for a decoding step's attention. Plain tensors (not subclasses, nor a
+    functorch transform's) of 4 axes on the CPU, none requiring a gradient: query
+    float32 or bfloat16 (converted to float32), key and value float32, float16
+    or bfloat16 (read in place, as 16-bit bits). None for anything else, which
+    then takes the checked path."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    if not (query.is_cpu and key.is_cpu and value.is_cpu
+            and not (wrapped(query) or wrapped(key) or wrapped(value))
             and key.dtype == value.dtype and key.dtype in _LEAN_KV
             and query.dtype in (torch.float32, torch.bfloat16)
             and (enable_gqa is False or enable_gqa is True)
@@ -90,47 +103,64 @@ def _lean(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal
     if bits is None:
         k, v = key.detach().numpy(), value.detach().numpy()
     else:
-        k, v = (t.detach().view(bits).numpy().view(np.uint16) for t in (key, value))
+        k, v = key.detach().view(bits).numpy().view(np.uint16), value.detach().view(bits).numpy().view(np.uint16)
     # q's bfloat16 values, as the checked path passes them: only where bfloat16
     # tensors become bfloat16 arrays there (the same bits either way)
     q_bf16 = query.dtype == torch.bfloat16 and bfloat16_arrays()
-    with _threads_for(query, key, "bhld"):
-        out = plain_forward(q, k, v, is_causal, scale, enable_gqa, q_bf16)
+    out = plain_forward(q, k, v, is_causal, scale, enable_gqa, q_bf16,
+                        threads=_call_threads(query, key, "bhld"))
     return None if out is None else torch.from_numpy(out).to(query.dtype)
 
 
-#: A forward of fewer FLOPs (4·B·Hq·Lq·Lk·E) runs on the calling thread inside torch.
+#: Without torch's team (OPENMP None): a forward of fewer FLOPs (4·B·Hq·Lq·Lk·E)
+#: runs on the calling thread inside torch.
 SMALL_FLOPS = 8e6
 #: So does decoding (at most 4 query rows per key/value head, memory-bound) that
 #: reads fewer bytes of keys and values.
 SMALL_DECODE_BYTES = 8 << 20
 
 
-@contextlib.contextmanager
-def _threads_for(query: torch.Tensor, key: torch.Tensor, layout: Layout,
-                 flops_per_score: float = 4.0) -> Iterator[None]:
-    """One thread for a small call when torch itself runs on several: torch's
-    OpenMP workers keep spinning for a while after each of its ops, and waking
-    attnx's own pool beside them costs more than the split saves. Measured on a
-    2-vCPU AMD EPYC: a decode call (1 query, 1050 keys, 8 heads, E 64) right
-    after a torch Linear took 215 us on 2 attnx threads, 85 on one (torch's
-    SDPA 63); a Llama-style model's decode step 8.1-8.8 ms against 7.4.
-    Decoding is memory-bound, and one thread reads most of the bandwidth two
-    do: in a SmolLM-135M-shaped model at 4096 tokens (float32, 6.3 MB of keys
-    and values a call, AMD EPYC Zen 5), a call took 200-318 us on 2 attnx
-    threads and 242 on one (sdpa 255-272; the decoding step 51 ms against
-    sdpa's 55, from 53-55 on 2 threads). ``flops_per_score``: per query
-    element and key, 4 for the forward (two products), 10 for the backward
-    (five)."""
+def _call_threads(query: torch.Tensor, key: torch.Tensor, layout: Layout,
+                  flops_per_score: float = 4.0) -> int:
+    """The thread count for a call inside torch: 1 for a small call when torch
+    itself runs on several, else 0 (the process's count).
+
+    On attnx's own pool (OPENMP None), torch's OpenMP workers keep spinning
+    for a while after each of its ops, and waking the pool beside them costs
+    more than the split saves. Measured on a 2-vCPU AMD EPYC: a decode call (1
+    query, 1050 keys, 8 heads, E 64) right after a torch Linear took 215 us on
+    2 attnx threads, 85 on one (torch's SDPA 63); a Llama-style model's decode
+    step 8.1-8.8 ms against 7.4. Decoding is memory-bound, and one thread
+    reads most of the bandwidth two do: in a SmolLM-135M-shaped model at 4096
+    tokens (float32, 6.3 MB of keys and values a call, AMD EPYC Zen 5), a call
+    took 200-318 us on 2 attnx threads and 242 on one (sdpa 255-272; the
+    decoding step 51 ms against sdpa's 55, from 53-55 on 2 threads).
+
+    On torch's team (OPENMP), the spinning workers take the call at once, and
+    every call takes the process's count (the core keeps calls under 2 MFLOP
+    on one thread itself). Measured on an Intel Xeon with AMX (2 vCPUs), right
+    after a torch Linear, one query per head, 9 query heads on 3 key/value
+    heads, E 64: 1024 keys 115 us (float32; 171 on one thread, sdpa 136),
+    4096 keys 234 us (393 on one thread, sdpa 474).
+    ``flops_per_score``: per query element and key, 4 for the forward (two
+    products), 10 for the backward (five)."""
+    if OPENMP is not None or torch.get_num_threads() <= 1:
+        return 0
     Lk = key.shape[-3] if layout == "blhd" else key.shape[-2]
+    flops = flops_per_score * query.numel() * Lk
     q_rows = query.numel() // max(query.shape[-1], 1)           # B·Hq·Lq
     kv_rows = key.numel() // max(key.shape[-1], 1)              # B·Hk·Lk
     decoding = flops_per_score == 4.0 and q_rows * Lk <= 4 * max(kv_rows, 1)
     kv_bytes = 2 * key.numel() * key.element_size()
-    small = torch.get_num_threads() > 1 and (
-        flops_per_score * query.numel() * Lk < SMALL_FLOPS
-        or (decoding and kv_bytes < SMALL_DECODE_BYTES))
-    token = CALL_THREADS.set(1 if small else 0)
+    small = flops < SMALL_FLOPS or (decoding and kv_bytes < SMALL_DECODE_BYTES)
+    return 1 if small else 0
+
+
+@contextlib.contextmanager
+def _threads_for(query: torch.Tensor, key: torch.Tensor, layout: Layout,
+                 flops_per_score: float = 4.0) -> Iterator[None]:
+    """The calls made in this context take _call_threads' count."""
+    token = CALL_THREADS.set(_call_threads(query, key, layout, flops_per_score))
     try:
         yield
     finally:
@@ -297,6 +327,17 @@ def scaled_dot_product_attention(
     >>> q.grad.shape
     torch.Size([2, 4, 10, 16])
     """
+    if (attn_mask is None and sinks is None and need_weights is False and layout == "bhld"
+            and key_lengths is None and query_lengths is None and window is None
+            and softcap is None and alibi_slopes is None and alignment is None
+            and type(dropout_p) is float and dropout_p == 0.0
+            and type(query) is torch.Tensor and type(key) is torch.Tensor
+            and type(value) is torch.Tensor
+            and not (torch.is_grad_enabled()
+                     and (query.requires_grad or key.requires_grad or value.requires_grad))):
+        lean = _lean(query, key, value, is_causal, scale, enable_gqa)
+        if lean is not None:
+            return lean
     opts: dict[str, Any] = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
                                 query_lengths=query_lengths, window=window, softcap=softcap,
@@ -306,12 +347,6 @@ def scaled_dot_product_attention(
     need_weights = check_flag(need_weights, "need_weights")
     inference = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                      for t in tensors))
-    if (inference and attn_mask is None and sinks is None and need_weights is False
-            and all(opts[n] is None for n in _LEAN_NONE) and layout == "bhld"
-            and type(dropout_p) is float and dropout_p == 0.0):
-        lean = _lean(query, key, value, is_causal, scale, enable_gqa)
-        if lean is not None:
-            return lean
     if inference:
         # nothing to differentiate (inference, generate()): no lse, no autograd node
         q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))

@@ -1,5 +1,6 @@
-"""Threads and processes: the C core's own threads, many Python threads at
-once, and a child made by fork() after the parent used attnx."""
+"""Threads and processes: the C core's own threads (attnx's pool, or the team
+of torch's OpenMP runtime once attnx.torch is imported), many Python threads
+at once, and a child made by fork() after the parent used attnx."""
 
 import multiprocessing
 import os
@@ -26,6 +27,46 @@ def restore_threads():
     attnx.set_num_threads(0)
 
 
+def _set_runner(team):
+    """attnx's calls on torch's OpenMP team (team=True) or on attnx's pool, and
+    attnx.torch's thread policy to match when it is imported. Returns the
+    team's library, or None."""
+    from attnx import _attnx
+    name = _attnx.use_openmp(team)
+    at = sys.modules.get("attnx.torch")
+    if at is not None:
+        at.OPENMP = name
+    return name
+
+
+@pytest.fixture(params=["pool", "torch_team"])
+def runner(request):
+    """Each test twice: on attnx's own pool, and on torch's OpenMP team (what
+    importing attnx.torch chooses); the process's choice comes back after."""
+    at = sys.modules.get("attnx.torch")
+    before = None if at is None else at.OPENMP
+    if request.param == "torch_team":
+        pytest.importorskip("torch")
+        import attnx.torch  # noqa: F401  (loads torch's libgomp)
+        if _set_runner(True) is None:
+            pytest.skip("torch loads no OpenMP runtime here")
+    else:
+        _set_runner(False)
+    yield request.param
+    _set_runner(before is not None)
+
+
+@pytest.fixture
+def on_pool():
+    """attnx.torch imported, its calls on attnx's pool (its policy for that case)."""
+    pytest.importorskip("torch")
+    import attnx.torch as at
+    before = at.OPENMP
+    _set_runner(False)
+    yield
+    _set_runner(before is not None)
+
+
 def test_set_and_get_num_threads(restore_threads):
     default = attnx.get_num_threads()
     assert default >= 1
@@ -47,7 +88,7 @@ def test_num_threads_from_environment():
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 130, 300, 40), (1, 1, 1, 5000, 64), (1, 2, 3, 2000, 17)])
-def test_same_result_for_any_thread_count(shape, restore_threads):
+def test_same_result_for_any_thread_count(shape, restore_threads, runner):
     """Each query block is computed by one thread in a fixed order, so the
     thread count cannot change a bit; decoding shapes split the keys across
     threads (split-K), which reorders sums: close, not identical."""
@@ -64,7 +105,7 @@ def test_same_result_for_any_thread_count(shape, restore_threads):
         np.testing.assert_allclose(many, ref, atol=1e-5, rtol=5e-6)
 
 
-def test_many_python_threads_at_once(restore_threads):
+def test_many_python_threads_at_once(restore_threads, runner):
     """Python threads started together by a Barrier, the GIL released in C:
     every result equals the serial one, also while the thread count changes."""
     cases = [_inputs(seed=s) for s in range(6)]
@@ -129,10 +170,11 @@ def _child(conn, q, k, v):
 
 @pytest.mark.skipif(sys.platform == "win32" or "fork" not in multiprocessing.get_all_start_methods(),
                     reason="no fork() here")
-def test_child_after_fork(restore_threads):
-    """attnx keeps no thread pool between calls, so a child made by fork()
-    after the parent ran multi-threaded calls computes normally (libgomp's
-    pool is known to hang there)."""
+def test_child_after_fork(restore_threads, runner):
+    """A child made by fork() after the parent ran multi-threaded calls
+    computes normally: attnx's pool starts afresh there, and a child of a
+    parent on torch's OpenMP team goes back to the pool (libgomp's team did
+    not come along, and the child would wait for it)."""
     q, k, v = _inputs(1, 8, 256, 256, 64)
     attnx.set_num_threads(2)
     parent = attnx.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -173,8 +215,8 @@ def test_a_context_sets_the_threads_of_its_calls(restore_threads):
     np.testing.assert_array_equal(attnx.scaled_dot_product_attention(q, k, v), two)
 
 
-def test_torch_runs_small_calls_on_one_thread(restore_threads):
-    """Inside a torch program on several threads, attnx.torch computes a call of
+def test_torch_runs_small_calls_on_one_thread(restore_threads, on_pool):
+    """On attnx's pool, inside a torch program on several threads, attnx.torch computes a call of
     fewer than SMALL_FLOPS on the calling thread (torch's workers are still
     spinning), with and without autograd, and decoding that reads less than
     SMALL_DECODE_BYTES; a larger call keeps attnx's threads."""
@@ -247,9 +289,10 @@ def test_a_context_sets_the_threads_of_a_backward(restore_threads):
     np.testing.assert_array_equal(_grads(q, k, v).query, two.query)
 
 
-def test_torch_runs_small_backward_calls_on_one_thread(restore_threads):
-    """attnx.torch's backward, as its forward: a small call on the calling
-    thread while torch runs on several; torch on one thread: attnx's own count."""
+def test_torch_runs_small_backward_calls_on_one_thread(restore_threads, on_pool):
+    """On attnx's pool, attnx.torch's backward, as its forward: a small call on
+    the calling thread while torch runs on several; torch on one thread:
+    attnx's own count."""
     torch = pytest.importorskip("torch")
     import attnx.torch as at
     q, k, v = _small_backward_inputs()
@@ -274,3 +317,76 @@ def test_torch_runs_small_backward_calls_on_one_thread(restore_threads):
         np.testing.assert_array_equal(torch_dq(), two)
     finally:
         torch.set_num_threads(saved)
+
+
+def test_torch_team_takes_every_call(restore_threads):
+    """On torch's OpenMP team (attnx.torch's default where torch loads one),
+    the calls the pool would keep on one thread take the process's count:
+    the team's workers are the ones torch left spinning."""
+    torch = pytest.importorskip("torch")
+    import attnx.torch as at
+    if _set_runner(True) is None:
+        pytest.skip("torch loads no OpenMP runtime here")
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        q, k, v = _decode_inputs()
+        attnx.set_num_threads(1)
+        one = attnx.scaled_dot_product_attention(q, k, v)
+        attnx.set_num_threads(2)
+        two = attnx.scaled_dot_product_attention(q, k, v)
+        assert not np.array_equal(one, two)
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        np.testing.assert_array_equal(at.scaled_dot_product_attention(tq, tk, tv).numpy(), two)
+        tq.requires_grad_(True)
+        np.testing.assert_array_equal(at.scaled_dot_product_attention(tq, tk, tv).detach().numpy(), two)
+        bq, bk, bv = _small_backward_inputs()
+        attnx.set_num_threads(1)
+        g_one = _grads(bq, bk, bv).query
+        attnx.set_num_threads(2)
+        g_two = _grads(bq, bk, bv).query
+        assert not np.array_equal(g_one, g_two)
+        tq = torch.from_numpy(bq).requires_grad_(True)
+        out = at.scaled_dot_product_attention(tq, torch.from_numpy(bk), torch.from_numpy(bv))
+        out.backward(out.detach() + 0.3)
+        np.testing.assert_array_equal(tq.grad.numpy(), g_two)
+    finally:
+        torch.set_num_threads(saved)
+
+
+_COUNT_THREADS = """
+import os, sys, numpy as np, torch, attnx
+import attnx.torch as at
+from attnx import _attnx
+torch.set_num_threads(2)
+attnx.set_num_threads(2)
+if sys.argv[1] == "pool":
+    _attnx.use_openmp(False)
+x = torch.randn(256, 256)
+for _ in range(3):
+    x @ x                                     # torch's team of 2 exists
+before = len(os.listdir("/proc/self/task"))
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((1, 4, 512, 64), dtype=np.float32) for _ in range(3))
+ref = attnx.reference(q, k, v)
+for _ in range(3):
+    np.testing.assert_allclose(attnx.scaled_dot_product_attention(q, k, v), ref, atol=1e-5, rtol=1e-5)
+print(at.OPENMP is not None, len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_torch_team_runs_the_threads():
+    """With attnx.torch imported, a 2-thread call starts no thread of attnx's
+    own: its second thread is one of torch's OpenMP team; on the pool, a
+    worker is started."""
+    pytest.importorskip("torch")
+    got = {}
+    for mode in ("team", "pool"):
+        res = subprocess.run([sys.executable, "-c", _COUNT_THREADS, mode], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        got[mode] = res.stdout.split()
+    if got["team"][0] != "True":
+        pytest.skip("torch loads no OpenMP runtime here")
+    assert got["team"][1] == "0" and got["pool"][1] == "1", got

@@ -18,13 +18,24 @@
  * thread, which is always correct since the threads of a call take its items
  * from a shared counter (attnx_parallel_items).
  *
+ * Another library's OpenMP threads: attnx_use_openmp(1) runs the sections on
+ * the team of an OpenMP runtime already loaded in the process (libgomp's
+ * GOMP_parallel, as torch's own libgomp.so.1 exports it) instead of the pool.
+ * After each of its ops, torch's OpenMP workers spin for milliseconds
+ * (libgomp's GOMP_SPINCOUNT, 300000 pauses): the pool's workers woken beside
+ * them share the cores with spinning threads. On their own team the spinning
+ * worker takes attnx's section at once.
+ *
  * The default thread count comes from ATTNX_NUM_THREADS, else
  * OMP_NUM_THREADS, else the CPUs this process may run on. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +61,16 @@ static struct {
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static long spin_ns = 100000;
+
+/* A loaded OpenMP runtime's entry points, looked for (under omp.mu) until
+ * found, then kept; omp_on: the sections run on it. */
+static struct {
+    pthread_mutex_t mu;
+    void (*parallel)(void (*fn)(void *), void *data, unsigned nthreads, unsigned flags);
+    int (*thread_num)(void);
+    char name[512]; /* its file */
+} omp = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static atomic_int omp_on;
 
 static inline void cpu_relax(void)
 {
@@ -111,7 +132,9 @@ static void before_fork(void) { pthread_mutex_lock(&pool.mu); }
 static void after_fork_parent(void) { pthread_mutex_unlock(&pool.mu); }
 static void after_fork_child(void)
 {
-    /* the workers did not come along: start afresh */
+    /* the workers did not come along: start afresh, on the pool (libgomp's
+     * team did not come along either, and it waits for it) */
+    atomic_store(&omp_on, 0);
     pthread_mutex_init(&pool.mu, NULL);
     pthread_cond_init(&pool.wake, NULL);
     pthread_cond_init(&pool.done, NULL);
@@ -177,6 +200,48 @@ static void wait_for_helpers(void)
     }
 }
 
+/* The first loaded library whose file name starts with libgomp (GNU) or
+ * libiomp (Intel's, which exports the same GOMP_ entry points). */
+static int find_openmp(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    (void)data;
+    const char *path = info->dlpi_name, *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (strncmp(base, "libgomp", 7) != 0 && strncmp(base, "libiomp", 7) != 0) return 0;
+    void *h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD); /* kept: never closed */
+    if (!h) return 0;
+    void *par = dlsym(h, "GOMP_parallel"), *num = dlsym(h, "omp_get_thread_num");
+    if (!par || !num || strlen(path) >= sizeof omp.name) return 0;
+    /* object to function pointer: POSIX's dlsym guarantees it */
+    memcpy(&omp.parallel, &par, sizeof par);
+    memcpy(&omp.thread_num, &num, sizeof num);
+    strcpy(omp.name, path);
+    return 1;
+}
+
+const char *attnx_use_openmp(int on)
+{
+    pthread_once(&pool_once, pool_init); /* its fork handlers */
+    pthread_mutex_lock(&omp.mu);
+    if (on && !omp.parallel) dl_iterate_phdr(find_openmp, NULL);
+    const int use = on && omp.parallel != NULL;
+    atomic_store(&omp_on, use);
+    pthread_mutex_unlock(&omp.mu);
+    return use ? omp.name : NULL;
+}
+
+typedef struct {
+    void (*fn)(void *, int);
+    void *arg;
+} omp_section;
+
+static void omp_body(void *s_)
+{
+    const omp_section *s = s_;
+    s->fn(s->arg, omp.thread_num());
+}
+
 void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg)
 {
     int expected = 0;
@@ -186,6 +251,13 @@ void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg)
     }
     pthread_once(&pool_once, pool_init);
     if (n > MAX_THREADS) n = MAX_THREADS;
+    if (atomic_load(&omp_on)) {
+        /* a team of at most n threads, numbered 0 (this one) .. n-1 */
+        omp_section s = {fn, arg};
+        omp.parallel(omp_body, &s, (unsigned)n, 0);
+        atomic_store(&pool.busy, 0);
+        return;
+    }
     pthread_mutex_lock(&pool.mu);
     grow_pool(n);
     post_section(n, fn, arg);
