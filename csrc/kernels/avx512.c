@@ -90,23 +90,25 @@ static inline void hsum4_avx512(__m512 a, __m512 b, __m512 c, __m512 d, float ou
     const __m256 abcd = _mm256_hadd_ps(ab, _mm256_hadd_ps(fold_avx512(c), fold_avx512(d)));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
 }
-/* st[i*ldk + r] = the sum of the lanes of x[i][r], 4 rows i and 4 sums r:
- * a third fewer shuffles and half the adds of four hsum4, the same bits */
-static inline void hsum4x4_avx512(const __m512 x[4][4], float *st, int64_t ldk)
+/* st[i*ldk + r] = the sum of the lanes of x[i][r], rows i < 3 or 4 and 4 sums r:
+ * a third fewer shuffles and half the adds of four hsum4, the same bits (with
+ * 3 rows, the fourth's quads are zeros and it is not stored) */
+static inline void hsum4x4_avx512(const __m512 x[4][4], const int rows, float *st, int64_t ldk)
 {
+    const __m512 q3 =
+        rows > 3 ? quads_avx512(x[3][0], x[3][1], x[3][2], x[3][3]) : _mm512_setzero_ps();
     const __m512 h01 = pairs_avx512(quads_avx512(x[0][0], x[0][1], x[0][2], x[0][3]),
                                     quads_avx512(x[1][0], x[1][1], x[1][2], x[1][3]));
-    const __m512 h23 = pairs_avx512(quads_avx512(x[2][0], x[2][1], x[2][2], x[2][3]),
-                                    quads_avx512(x[3][0], x[3][1], x[3][2], x[3][3]));
+    const __m512 h23 = pairs_avx512(quads_avx512(x[2][0], x[2][1], x[2][2], x[2][3]), q3);
     /* lanes: [r0a r0c r1a r1c | r0b r0d r1b r1d | r2a r2c r3a r3c | r2b r2d r3b r3d] */
     const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
     const __m512 s = _mm512_permutexvar_ps(order, chunks_avx512(h01, h23));
     _mm_storeu_ps(st, _mm512_castps512_ps128(s));
     _mm_storeu_ps(st + ldk, _mm512_extractf32x4_ps(s, 1));
     _mm_storeu_ps(st + 2 * ldk, _mm512_extractf32x4_ps(s, 2));
-    _mm_storeu_ps(st + 3 * ldk, _mm512_extractf32x4_ps(s, 3));
+    if (rows > 3) _mm_storeu_ps(st + 3 * ldk, _mm512_extractf32x4_ps(s, 3));
 }
-#define V_HSUM4X4(x, st, ldk) hsum4x4_avx512(x, st, ldk)
+#define V_HSUM4X4(x, rows, st, ldk) hsum4x4_avx512(x, rows, st, ldk)
 #define V_HSUM4(a, b, c, d, out) hsum4_avx512(a, b, c, d, out)
 
 #include "kernels/transpose_avx512.h"

@@ -135,9 +135,9 @@ ATTNX_INLINE const void *key_at(const void *k, int64_t at, const int kind)
 
 /* Keys j0 .. j0+NK-1 (NK 1..4) against query rows i0 .. i0+MR-1 (MR 1..4):
  * each vector of a key is loaded (and converted) once for all the rows, and
- * the four sums of a row are reduced together (V_HSUM4, or all 16 of 4 rows
- * at once where the ISA has V_HSUM4X4) into its 4 scores, adjacent in the
- * decoding tile. */
+ * the four sums of a row are reduced together (V_HSUM4, or all those of 3 or
+ * 4 rows at once where the ISA has V_HSUM4X4) into its 4 scores, adjacent in
+ * the decoding tile. */
 ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64_t D, const void *k,
                                int64_t k_sl, float *st, int64_t ldk, const int kind)
 {
@@ -165,8 +165,8 @@ ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64
         }
     }
 #ifdef V_HSUM4X4
-    if (MR == 4 && NK == 4) { /* a GQA group's 4 rows: the 16 sums reduced together */
-        V_HSUM4X4(a, st, ldk);
+    if (MR >= 3 && NK == 4) { /* a GQA group's 3 or 4 rows: their sums reduced together */
+        V_HSUM4X4(a, MR, st, ldk);
         return;
     }
 #endif
