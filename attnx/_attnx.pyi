@@ -61,10 +61,11 @@ def get_num_threads() -> int:
 def set_num_threads(n: int, /) -> None:
     """Threads used per call; ``n <= 0`` restores the default."""
 
-def use_openmp(on: bool, /) -> Optional[str]:
+def use_openmp(on: bool, under: Optional[str] = None, /) -> Optional[str]:
     """Private (attnx.torch): run the calls' threads on the team of an OpenMP runtime
-    already loaded (torch's libgomp) if ``on``, else on attnx's pool. Returns the
-    runtime's file when its team is used, else None."""
+    already loaded (torch's libgomp; the first under the directory ``under`` if there
+    is one) if ``on``, else on attnx's pool. Returns the runtime's file when its team
+    is used, else None."""
 EXP_FLUSH_BELOW: float
 """exp(x) is exactly 0 below this: a weight of a score further below its row's max is 0."""
 ISA_NAMES: tuple[str, ...]

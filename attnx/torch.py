@@ -15,6 +15,7 @@ attnx`` never imports it).
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Iterator, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
@@ -35,8 +36,10 @@ __all__ = ["scaled_dot_product_attention"]
 #: cores with them: one bfloat16 attention call of a SmolLM-shaped layer
 #: right after a torch op took 5.4 ms on 2 threads, 3.1 ms on torch's team
 #: (the call alone 2.9; Intel Xeon with AMX, 2 vCPUs). Every call of the
-#: process takes that team, NumPy's too; results are the same bits.
-OPENMP = _attnx.use_openmp(True)
+#: process takes that team, NumPy's too; results are the same bits. The
+#: runtime under torch's own directory is preferred (another library may
+#: have loaded the system's libgomp first).
+OPENMP = _attnx.use_openmp(True, os.path.dirname(torch.__file__) + os.sep)
 
 
 def _check_tensors(tensors: Tuple[Optional[torch.Tensor], ...], names: Tuple[str, ...]) -> None:

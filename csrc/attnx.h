@@ -237,10 +237,12 @@ void attnx_set_num_threads(int n); /* n <= 0: the default */
 /* on = 1: run each call's threads on the team of an OpenMP runtime already
  * loaded in this process (libgomp or Intel's libiomp, e.g. torch's), whose
  * workers are still spinning after that library's own parallel work, instead
- * of on attnx's pool; on = 0: on the pool again. Returns the runtime's file
- * when its team is used from now on, NULL otherwise (none is loaded, or on =
- * 0). A fork() child goes back to the pool. */
-const char *attnx_use_openmp(int on);
+ * of on attnx's pool; the first found under the directory `under` (NULL: no
+ * preference), else the first loaded. on = 0: on the pool again. Returns the
+ * runtime's file when its team is used from now on, NULL otherwise (none is
+ * loaded, or on = 0). Once found, a runtime is kept. A fork() child goes back
+ * to the pool. */
+const char *attnx_use_openmp(int on, const char *under);
 
 /* The FP32 FMA peak of the active instruction set on num_threads threads of
  * the pool (<= 0: attnx_get_num_threads()), in GFLOP/s: register-only FMA

@@ -201,13 +201,14 @@ static void wait_for_helpers(void)
 }
 
 /* The first loaded library whose file name starts with libgomp (GNU) or
- * libiomp (Intel's, which exports the same GOMP_ entry points). */
+ * libiomp (Intel's, which exports the same GOMP_ entry points) and whose path
+ * starts with *data (a directory; "" for any). */
 static int find_openmp(struct dl_phdr_info *info, size_t size, void *data)
 {
     (void)size;
-    (void)data;
-    const char *path = info->dlpi_name, *base = strrchr(path, '/');
+    const char *path = info->dlpi_name, *base = strrchr(path, '/'), *under = data;
     base = base ? base + 1 : path;
+    if (strncmp(path, under, strlen(under)) != 0) return 0;
     if (strncmp(base, "libgomp", 7) != 0 && strncmp(base, "libiomp", 7) != 0) return 0;
     void *h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD); /* kept: never closed */
     if (!h) return 0;
@@ -220,11 +221,12 @@ static int find_openmp(struct dl_phdr_info *info, size_t size, void *data)
     return 1;
 }
 
-const char *attnx_use_openmp(int on)
+const char *attnx_use_openmp(int on, const char *under)
 {
     pthread_once(&pool_once, pool_init); /* its fork handlers */
     pthread_mutex_lock(&omp.mu);
-    if (on && !omp.parallel) dl_iterate_phdr(find_openmp, NULL);
+    if (on && !omp.parallel && under) dl_iterate_phdr(find_openmp, (void *)under);
+    if (on && !omp.parallel) dl_iterate_phdr(find_openmp, "");
     const int use = on && omp.parallel != NULL;
     atomic_store(&omp_on, use);
     pthread_mutex_unlock(&omp.mu);

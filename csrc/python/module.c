@@ -573,11 +573,12 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_use_openmp(PyObject *self, PyObject *arg)
+static PyObject *py_use_openmp(PyObject *self, PyObject *args)
 {
-    const int on = PyObject_IsTrue(arg);
-    if (on < 0) return NULL;
-    const char *name = attnx_use_openmp(on);
+    int on;
+    const char *under = NULL;
+    if (!PyArg_ParseTuple(args, "p|z:use_openmp", &on, &under)) return NULL;
+    const char *name = attnx_use_openmp(on, under);
     if (!name) Py_RETURN_NONE;
     return PyUnicode_DecodeFSDefault(name);
 }
@@ -672,10 +673,11 @@ static PyMethodDef methods[] = {
      "get_num_threads()\n--\n\nThreads used per call."},
     {"set_num_threads", py_set_num_threads, METH_O,
      "set_num_threads(n)\n--\n\nThreads used per call; n <= 0 restores the default."},
-    {"use_openmp", py_use_openmp, METH_O,
-     "use_openmp(on)\n--\n\nPrivate (attnx.torch): run the calls' threads on the team of an\n"
-     "OpenMP runtime already loaded (torch's libgomp) if on, else on attnx's pool.\n"
-     "Returns the runtime's file when its team is used, else None."},
+    {"use_openmp", py_use_openmp, METH_VARARGS,
+     "use_openmp(on, under=None)\n--\n\nPrivate (attnx.torch): run the calls' threads on the\n"
+     "team of an OpenMP runtime already loaded (torch's libgomp; the first under the\n"
+     "directory under if there is one) if on, else on attnx's pool. Returns the\n"
+     "runtime's file when its team is used, else None."},
     {NULL, NULL, 0, NULL},
 };
 
