@@ -128,13 +128,22 @@ static void *worker_main(void *x)
     return NULL;
 }
 
-static void before_fork(void) { pthread_mutex_lock(&pool.mu); }
-static void after_fork_parent(void) { pthread_mutex_unlock(&pool.mu); }
+static void before_fork(void)
+{
+    pthread_mutex_lock(&omp.mu);
+    pthread_mutex_lock(&pool.mu);
+}
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&omp.mu);
+}
 static void after_fork_child(void)
 {
     /* the workers did not come along: start afresh, on the pool (libgomp's
      * team did not come along either, and it waits for it) */
     atomic_store(&omp_on, 0);
+    pthread_mutex_init(&omp.mu, NULL);
     pthread_mutex_init(&pool.mu, NULL);
     pthread_cond_init(&pool.wake, NULL);
     pthread_cond_init(&pool.done, NULL);
