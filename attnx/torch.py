@@ -106,7 +106,8 @@ def _lean(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal
     if bits is None:
         k, v = key.detach().numpy(), value.detach().numpy()
     else:
-        k, v = key.detach().view(bits).numpy().view(np.uint16), value.detach().view(bits).numpy().view(np.uint16)
+        k = key.detach().view(bits).numpy().view(np.uint16)
+        v = value.detach().view(bits).numpy().view(np.uint16)
     # q's bfloat16 values, as the checked path passes them: only where bfloat16
     # tensors become bfloat16 arrays there (the same bits either way)
     q_bf16 = query.dtype == torch.bfloat16 and bfloat16_arrays()
