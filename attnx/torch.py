@@ -42,6 +42,10 @@ __all__ = ["scaled_dot_product_attention"]
 OPENMP = _attnx.use_openmp(True, os.path.dirname(torch.__file__) + os.sep)
 
 
+#: Whether a tensor is a functorch transform's wrapper (vmap, grad, ...).
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _check_tensors(tensors: Tuple[Optional[torch.Tensor], ...], names: Tuple[str, ...]) -> None:
     """TypeError naming an argument that is not a torch.Tensor (None allowed but
     for query, key, value), RuntimeError for tensors of a functorch transform
@@ -53,7 +57,7 @@ def _check_tensors(tensors: Tuple[Optional[torch.Tensor], ...], names: Tuple[str
             raise TypeError(f"attnx.torch.scaled_dot_product_attention: {name} must be a "
                             f"torch.Tensor; got {type(t).__name__} (for NumPy arrays use "
                             f"attnx.scaled_dot_product_attention)")
-        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if _functorch_wrapped(t):
             raise RuntimeError(f"attnx.torch.scaled_dot_product_attention does not support "
                                f"functorch transforms (torch.func.vmap, grad, jacrev, ...): "
                                f"{name} is a transform's wrapped tensor. Call it outside the "
@@ -78,8 +82,6 @@ def _numpy(t: torch.Tensor, name: str) -> np.ndarray[Any, Any]:
     return a
 
 
-#: the options the lean path takes only when not given
-_LEAN_NONE = ("key_lengths", "query_lengths", "window", "softcap", "alibi_slopes", "alignment")
 _LEAN_KV = {torch.float32: None, torch.float16: None, torch.bfloat16: torch.int16}
 
 
@@ -92,7 +94,7 @@ def _lean(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal
     float32 or bfloat16 (converted to float32), key and value float32, float16
     or bfloat16 (read in place, as 16-bit bits). None for anything else, which
     then takes the checked path."""
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    wrapped = _functorch_wrapped
     if not (query.is_cpu and key.is_cpu and value.is_cpu
             and not (wrapped(query) or wrapped(key) or wrapped(value))
             and key.dtype == value.dtype and key.dtype in _LEAN_KV

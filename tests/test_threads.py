@@ -56,15 +56,27 @@ def runner(request):
     _set_runner(before is not None)
 
 
-@pytest.fixture
-def on_pool():
-    """attnx.torch imported, its calls on attnx's pool (its policy for that case)."""
+def _torch_runner(team):
+    """attnx.torch imported, its calls on torch's team or on attnx's pool (and
+    its policy for that case); the process's choice comes back after."""
     pytest.importorskip("torch")
     import attnx.torch as at
     before = at.OPENMP
-    _set_runner(False)
+    if _set_runner(team) is None and team:
+        _set_runner(before is not None)
+        pytest.skip("torch loads no OpenMP runtime here")
     yield
     _set_runner(before is not None)
+
+
+@pytest.fixture
+def on_pool():
+    yield from _torch_runner(False)
+
+
+@pytest.fixture
+def on_team():
+    yield from _torch_runner(True)
 
 
 def test_set_and_get_num_threads(restore_threads):
@@ -319,14 +331,12 @@ def test_torch_runs_small_backward_calls_on_one_thread(restore_threads, on_pool)
         torch.set_num_threads(saved)
 
 
-def test_torch_team_takes_every_call(restore_threads):
+def test_torch_team_takes_every_call(restore_threads, on_team):
     """On torch's OpenMP team (attnx.torch's default where torch loads one),
     the calls the pool would keep on one thread take the process's count:
     the team's workers are the ones torch left spinning."""
-    torch = pytest.importorskip("torch")
+    import torch
     import attnx.torch as at
-    if _set_runner(True) is None:
-        pytest.skip("torch loads no OpenMP runtime here")
     saved = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

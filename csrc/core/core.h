@@ -114,6 +114,13 @@ static inline int rows_attending(const head_bounds *hb, int64_t i0, int rows)
     return (int)max64(0, min64(rows, hb->qlen - i0));
 }
 
+/* q, k and v all bfloat16 values: the bfloat16 dot path may take the
+ * problem (plan.c), and the scratch has room for pv_bf16 (scratch.c). */
+static inline int all_bf16(const attnx_problem *p)
+{
+    return p->q_bf16 && p->k16.data && p->half_format == ATTNX_HALF_BF16;
+}
+
 /* ---- a run: the problem, its kernels, and how the scale is applied ---------
  * Scores are scale·q·k. The queries are packed pre-scaled, which cannot
  * overflow when |scale| <= 1; a larger scale is applied to the scores
@@ -124,13 +131,6 @@ static inline int rows_attending(const head_bounds *hb, int64_t i0, int rows)
  * whole scale (1/√D is no bfloat16 value: pre-scaling would round q). With
  * pv_tiles those blocks also take kt->pv_bf16 for P·V, into an accumulator
  * kept transposed (fwd_scratch.acct). */
-/* q, k and v all bfloat16 values: the bfloat16 dot path may take the
- * problem (plan.c), and the scratch has room for pv_bf16 (scratch.c). */
-static inline int all_bf16(const attnx_problem *p)
-{
-    return p->q_bf16 && p->k16.data && p->half_format == ATTNX_HALF_BF16;
-}
-
 typedef struct {
     const attnx_problem *p;
     const attnx_kernels *kt;
