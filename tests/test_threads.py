@@ -4,6 +4,7 @@ at once, and a child made by fork() after the parent used attnx."""
 
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -400,3 +401,45 @@ def test_torch_team_runs_the_threads():
     if got["team"][0] != "True":
         pytest.skip("torch loads no OpenMP runtime here")
     assert got["team"][1] == "0" and got["pool"][1] == "1", got
+
+
+_PICK_RUNTIME = """
+import ctypes, sys, numpy as np, torch, attnx
+ctypes.CDLL(sys.argv[1])  # a second OpenMP runtime, loaded after torch's
+from attnx import _attnx
+name = _attnx.use_openmp(True, *sys.argv[2:])
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((1, 4, 256, 64), dtype=np.float32) for _ in range(3))
+attnx.set_num_threads(2)
+np.testing.assert_allclose(attnx.scaled_dot_product_attention(q, k, v), attnx.reference(q, k, v),
+                           atol=1e-5, rtol=1e-5)
+print(name)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="dl_iterate_phdr")
+def test_openmp_runtime_under_a_directory_first(tmp_path):
+    """Two OpenMP runtimes in the process, torch's and a copy of it loaded
+    after it: use_openmp(True, dir) takes the one under dir, the later one
+    too; without dir, or with a dir that holds none, the first loaded. Each
+    choice runs a call right. (Loaded before torch, the copy would be torch's
+    libgomp.so.1: the loader matches the soname.)"""
+    torch = pytest.importorskip("torch")
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    found = [os.path.join(r, f) for r, _, fs in os.walk(torch_dir) for f in fs
+             if f.startswith("libgomp") and ".so" in f]
+    if not found:
+        pytest.skip("torch ships no libgomp here")
+    copy = tmp_path / "libgomp-copy.so.1"
+    shutil.copyfile(found[0], copy)
+
+    def pick(*under):
+        res = subprocess.run([sys.executable, "-c", _PICK_RUNTIME, str(copy), *under],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip()
+
+    assert pick(str(tmp_path) + os.sep) == str(copy)
+    assert pick(torch_dir).startswith(torch_dir)
+    assert pick().startswith(torch_dir)
+    assert pick(str(tmp_path / "none") + os.sep).startswith(torch_dir)
