@@ -5,6 +5,7 @@
 #   tools/microbench/run.sh forward L D T H [c]  the whole forward pass
 #   tools/microbench/run.sh tile-decode D NQ [kind]  the decoding tile (kind 0/1/2: f32/f16/bf16)
 #   tools/microbench/run.sh decode Hk G Lk D T   decoding (G query rows a KV head), GB/s
+#   tools/microbench/run.sh read BYTES T         read bandwidth of T threads (the roofline)
 # CFLAGS passes -D options through (e.g. CFLAGS="-DNT=32" or "-DATTNX_BK=64").
 # The user-facing numbers come from `python -m attnx bench`; these isolate
 # one part at a time with min-of-many timing, which survives a noisy machine
@@ -30,8 +31,11 @@ case "$what" in
   decode)
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/decode.c" -o "$out/decode" -lm -lpthread
     "$out/decode" "$@" ;;
+  read)
+    cc -O2 -std=c11 "$here/read.c" -o "$out/read" -lpthread
+    "$out/read" "$@" ;;
   forward)
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/forward.c" -o "$out/forward" -lm -lpthread
     "$out/forward" "$@" ;;
-  *) sed -n '2,11p' "$0"; exit 2 ;;
+  *) sed -n '2,12p' "$0"; exit 2 ;;
 esac

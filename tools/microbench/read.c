@@ -1,0 +1,63 @@
+#define _POSIX_C_SOURCE 200809L
+/* Read bandwidth: T threads each sum their share of one buffer of BYTES
+ * (float32, 4 independent vector sums), the roofline a decoding call is set
+ * against (the bench measures the same with torch's sum over K and V).
+ *   read BYTES T          median and best GB/s of 30 rounds
+ * x86-64 with AVX-512 only: a tuning tool. */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static const float *buf;
+static size_t n; /* floats, a multiple of 64 a thread */
+static int T;
+static volatile float sink;
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+__attribute__((target("avx512f"))) static void *sum_share(void *arg)
+{
+    const size_t id = (size_t)arg, lo = n / T * id, hi = n / T * (id + 1);
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = lo; i < hi; i += 64) {
+        s0 = _mm512_add_ps(s0, _mm512_loadu_ps(buf + i));
+        s1 = _mm512_add_ps(s1, _mm512_loadu_ps(buf + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_loadu_ps(buf + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_loadu_ps(buf + i + 48));
+    }
+    sink = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    return NULL;
+}
+static int by_value(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+int main(int argc, char **argv)
+{
+    const size_t bytes = argc > 1 ? (size_t)atoll(argv[1]) : (size_t)256 << 20;
+    T = argc > 2 ? atoi(argv[2]) : 2;
+    if (T < 1 || T > 64) return 2;
+    n = bytes / 4 / (64 * (size_t)T) * (64 * (size_t)T);
+    float *b = aligned_alloc(64, n * 4 + 64);
+    if (!b || n == 0) return 1;
+    for (size_t i = 0; i < n; i++) b[i] = 1.0f; /* touched: no page faults timed */
+    buf = b;
+    double t[30];
+    for (int r = 0; r < 30; r++) {
+        pthread_t th[64];
+        const double t0 = now();
+        for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, sum_share, (void *)(size_t)i);
+        for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
+        t[r] = now() - t0;
+    }
+    qsort(t, 30, sizeof t[0], by_value);
+    printf("read %zu MiB, %d threads: median %.1f GB/s, best %.1f GB/s\n", n * 4 >> 20, T,
+           n * 4 / t[15] / 1e9, n * 4 / t[0] / 1e9);
+    free(b);
+    return 0;
+}
