@@ -130,13 +130,18 @@ static inline int all_bf16(const attnx_problem *p)
  * packed unscaled as bfloat16 pairs, and the kernel scales the sums by the
  * whole scale (1/√D is no bfloat16 value: pre-scaling would round q). With
  * pv_tiles those blocks also take kt->pv_bf16 for P·V, into an accumulator
- * kept transposed (fwd_scratch.acct). */
+ * kept transposed (fwd_scratch.acct).
+ * split_dp: the scores of float32 queries and keys take kt->qk_split (AMX),
+ * the keys split once a call into bfloat16 parts (forward.c), the queries
+ * once an item; only where a key tile meets enough queries to pay for the
+ * split (plan.c), and with no post_scale. */
 typedef struct {
     const attnx_problem *p;
     const attnx_kernels *kt;
     float pre_scale, post_scale;
     int bf16_dots;
-    int pv_tiles; /* bf16_dots and kt->pv_bf16, Dv % 16 == 0: their blocks' P·V on tiles */
+    int pv_tiles;     /* bf16_dots and kt->pv_bf16, Dv % 16 == 0: their blocks' P·V on tiles */
+    int64_t split_dp; /* float32 on tiles (kt->qk_split): D rounded up to 32; else 0 */
 } attnx_run;
 
 attnx_run attnx_run_of(const attnx_problem *p); /* plan.c */
@@ -160,6 +165,8 @@ typedef struct {
     int64_t ldacc;   /* accumulator rows: Dv rounded up to a whole vector */
     size_t scratch;  /* floats per thread (attnx_fwd_scratch_at) */
     size_t partial;  /* floats of the split-K partials, 0 when nsplit is 1 */
+    int64_t kp_rows; /* with split_dp: rows of a head's key parts, round16(Lk) + 16 */
+    size_t kparts;   /* with split_dp: bfloat16 values of every head's key parts */
 } fwd_plan;
 
 typedef struct {
@@ -173,14 +180,15 @@ typedef struct {
     size_t partial;  /* floats of the per-range dQ partials, 0 when nsplit is 1 */
 } bwd_plan;
 
-attnx_status attnx_plan_forward(const attnx_problem *p, fwd_plan *plan);
+attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan);
 attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan);
 
 /* ---- scratch (scratch.c) ----------------------------------------------------
  * A forward item's working set, per thread; stays in cache:
  *   qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ)
  *   | with half-precision K/V: kbuf (BK, D) | vbuf (BK, Dv)
- *   | with bfloat16 Q, K, V: acct (ldacc, BQ) | pv_work (ATTNX_PV_BF16_WORK(ldacc)) */
+ *   | with bfloat16 Q, K, V: acct (ldacc, BQ) | pv_work (ATTNX_PV_BF16_WORK(ldacc))
+ *   | with split_dp: qparts (3, split_dp / 2, BQ) */
 typedef struct {
     float *qt;            /* (D, BQ) packed queries, or (nq, D) rows for qk_dot */
     float *st;            /* (BK, BQ) scores, then probabilities; (nq, BK) when decoding */
@@ -189,6 +197,7 @@ typedef struct {
     float *kbuf, *vbuf;   /* a tile of keys and values converted to float32, or NULL */
     float *acct;          /* (ldacc, BQ) the accumulator transposed, for pv_bf16, or NULL */
     float *pv_work;       /* pv_bf16's working memory, or NULL */
+    uint32_t *qparts;     /* the queries' parts for qk_split (kt->split_pairs), or NULL */
 } fwd_scratch;
 
 /* A backward block's working set, per thread:
@@ -206,9 +215,11 @@ typedef struct {
     float *ones;   /* (BQ) */
 } bwd_scratch;
 
-attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_t *floats);
+attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
+                                    size_t *floats);
 attnx_status attnx_bwd_scratch_size(const attnx_problem *p, int64_t ldqa, size_t *floats);
-fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc);
+fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc,
+                                 int64_t split_dp);
 bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, int64_t ldqa);
 
 /* n floats, 64-byte aligned, or NULL (out of memory, or n too large). */
@@ -256,6 +267,11 @@ typedef struct {
     fwd_plan plan;
     float *partial;   /* nsplit > 1: per item, m (BQ) | l (BQ) | acc (BQ, ldacc) */
     fwd_scratch *scr; /* one per thread */
+    /* with split_dp: head (b, hk)'s key parts (3, kp_rows, split_dp) at
+     * kparts + (b·Hk + hk)·3·kp_rows·split_dp, and whether its keys hold a
+     * value the split cannot take (its tiles then take qk) */
+    uint16_t *kparts;
+    unsigned char *kspecial;
 } fwd_job;
 
 /* One item's place in the problem: queries i0 .. i0+rows-1 of head (b, h),

@@ -2,6 +2,7 @@
  * kernels of the active instruction set through their table (kernels.h).
  *
  *   check (validate.c) → plan (plan.c) → scratch (scratch.c)
+ *   → float32 keys split into bfloat16 parts, for qk_split (AMX; below)
  *   → the items over the thread pool (items.c, tile.c, output.c)
  *   → split-K partials merged (output.c)
  *
@@ -9,6 +10,7 @@
  * split across threads too and the partial softmaxes merged (split-K). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/core.h"
 
@@ -45,6 +47,8 @@ static void free_scratch(fwd_job *jb, int taken)
     for (int t = 0; t < taken; t++) attnx_scratch_give_back(t, jb->scr[t].qt);
     free(jb->scr);
     free(jb->partial);
+    free(jb->kparts);
+    free(jb->kspecial);
 }
 
 /* One scratch per thread, and the split-K partials. */
@@ -53,6 +57,15 @@ static attnx_status alloc_scratch(fwd_job *jb)
     const int nt = jb->plan.threads;
     if (jb->plan.partial && !(jb->partial = attnx_alloc_floats(jb->plan.partial)))
         return ATTNX_ERR_NOMEM;
+    if (jb->plan.kparts) {
+        const attnx_problem *p = jb->run.p;
+        jb->kparts = (uint16_t *)attnx_alloc_floats((jb->plan.kparts + 1) / 2);
+        jb->kspecial = calloc((size_t)(p->B * p->Hk), 1);
+        if (!jb->kparts || !jb->kspecial) {
+            free_scratch(jb, 0);
+            return ATTNX_ERR_NOMEM;
+        }
+    }
     if (!(jb->scr = calloc((size_t)nt, sizeof(fwd_scratch)))) {
         free_scratch(jb, 0);
         return ATTNX_ERR_NOMEM;
@@ -63,9 +76,33 @@ static attnx_status alloc_scratch(fwd_job *jb)
             free_scratch(jb, t);
             return ATTNX_ERR_NOMEM;
         }
-        jb->scr[t] = attnx_fwd_scratch_at(base, jb->run.p, jb->plan.ldacc);
+        jb->scr[t] = attnx_fwd_scratch_at(base, jb->run.p, jb->plan.ldacc, jb->run.split_dp);
     }
     return ATTNX_OK;
+}
+
+/* Item bh = b·Hk + hk: the keys of head (b, hk) split into their bfloat16
+ * parts (kt->split_rows), once for every query block that meets them; the
+ * rows past Lk are 0. 16-bit keys are converted a tile at a time first
+ * (kt->half_rows, into the thread's kbuf), as the tiles of qk read them. */
+static void split_keys(void *arg, int tid, int64_t bh)
+{
+    const fwd_job *jb = arg;
+    const attnx_problem *p = jb->run.p;
+    const int64_t b = bh / p->Hk, hk = bh % p->Hk, dp = jb->run.split_dp;
+    const int64_t part = jb->plan.kp_rows * dp;
+    uint16_t *parts = jb->kparts + bh * 3 * part;
+    int special = 0;
+    for (int64_t j0 = 0; j0 < p->Lk; j0 += BK) { /* whole blocks of 16 rows but the last */
+        const int nk = (int)min64(BK, p->Lk - j0);
+        int64_t k_sl;
+        const float *k = attnx_kv_rows(&jb->run, 0, b, hk, j0, nk, jb->scr[tid].kbuf, &k_sl);
+        special |= jb->run.kt->split_rows(k, k_sl, nk, p->D, parts + j0 * dp, part, dp);
+    }
+    jb->kspecial[bh] = (unsigned char)special;
+    const int64_t done = ATTNX_ROUND16(p->Lk) * dp;
+    for (int a = 0; a < 3; a++)
+        memset(parts + a * part + done, 0, sizeof *parts * (size_t)(part - done));
 }
 
 /* Nothing to compute: no output rows, or rows of width 0 and nothing else asked. */
@@ -129,8 +166,9 @@ attnx_status attnx_forward(const attnx_problem *p)
     attnx_problem folded;
     if (fold_gqa_decode(p, &folded)) p = &folded;
     fwd_job jb = {.run = attnx_run_of(p)};
-    if ((st = attnx_plan_forward(p, &jb.plan)) != ATTNX_OK) return st;
+    if ((st = attnx_plan_forward(&jb.run, &jb.plan)) != ATTNX_OK) return st;
     if ((st = alloc_scratch(&jb)) != ATTNX_OK) return st;
+    if (jb.kparts) attnx_parallel_items(jb.plan.threads, p->B * p->Hk, split_keys, &jb);
     attnx_parallel_items(jb.plan.threads, jb.plan.n_items, run_item, &jb);
     if (jb.plan.nsplit > 1) attnx_merge_partials(&jb);
     free_scratch(&jb, jb.plan.threads);

@@ -54,39 +54,52 @@ void attnx_clear_unvisited(const fwd_job *jb, const item_view *it)
 /* Few queries (decoding) take qk_dot, which reads them as rows. */
 static int rows_layout(const fwd_job *jb, int nq) { return nq <= jb->run.kt->dot_max_nq; }
 
+/* How an item's queries are packed, and so which kernel takes its scores. */
+typedef enum {
+    QUERIES_FLOAT, /* qk (or qk_dot) */
+    QUERIES_PAIRS, /* qk_bf16 */
+    QUERIES_SPLIT  /* qk_split */
+} query_packing;
+
 /* Pack the item's queries: with the bfloat16 dot products (a block of
  * bfloat16 queries against bfloat16 keys, not decoding) as bfloat16 pairs
  * qt2 (ceil(D/2), BQ), unscaled, in s->qt; else pre-scaled, for few queries
  * as rows qr (nq, D), else transposed qt (D, BQ), zero-padded to a whole
- * vector. Returns 1 for the pairs (the item's scores take qk_bf16). */
-static int pack_queries(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
+ * vector, and with split_dp then split into s->qparts too, unless the
+ * queries or the head's keys hold a value the split cannot take. */
+static query_packing pack_queries(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
     const attnx_problem *p = jb->run.p;
     const float *q = p->q.data + it->b * p->q.sb + it->h * p->q.sh + it->i0 * p->q.sl;
     if (!rows_layout(jb, it->nq)) {
         if (jb->run.bf16_dots &&
             attnx_pack_qt_bf16(q, p->q.sl, it->nq, p->D, (uint32_t *)s->qt, BQ))
-            return 1;
+            return QUERIES_PAIRS;
         attnx_pack_rows_t(jb->run.kt, q, p->q.sl, it->nq, p->D, jb->run.pre_scale, s->qt);
-        return 0;
+        const int64_t dp = jb->run.split_dp;
+        if (dp && !jb->kspecial[it->b * p->Hk + it->hk] &&
+            !jb->run.kt->split_pairs(s->qt, BQ, it->nq, p->D, dp, s->qparts, dp / 2 * BQ))
+            return QUERIES_SPLIT;
+        return QUERIES_FLOAT;
     }
     for (int i = 0; i < it->nq; i++)
         for (int64_t d = 0; d < p->D; d++)
             s->qt[i * p->D + d] = jb->run.pre_scale * q[i * p->q.sl + d];
-    return 0;
+    return QUERIES_FLOAT;
 }
 
-/* How an item's tiles are computed: the scores with qk_bf16 (pairs), and
+/* How an item's tiles are computed: the scores by the queries' packing, and
  * P·V with pv_bf16 into the transposed accumulator s->acct (tiles). */
 typedef struct {
-    int pairs, tiles;
+    query_packing queries;
+    int tiles;
 } item_path;
 
 static item_path start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
     item_path path;
-    path.pairs = pack_queries(jb, s, it);
-    path.tiles = path.pairs && jb->run.pv_tiles;
+    path.queries = pack_queries(jb, s, it);
+    path.tiles = path.queries == QUERIES_PAIRS && jb->run.pv_tiles;
     for (int i = 0; i < BQ; i++) {
         s->m[i] = -INFINITY;
         s->l[i] = 0.0f;
@@ -114,14 +127,22 @@ static const uint16_t *half_rows_at(const attnx_half_tensor *t, const item_view 
     return t->data + it->b * t->sb + it->hk * t->sh + j0 * t->sl;
 }
 
-/* Scores of keys j0 .. j0+nk-1 into s->st; pairs: s->qt holds bfloat16
- * pairs for qk_bf16, which reads the bfloat16 keys in place. */
+/* Scores of keys j0 .. j0+nk-1 into s->st, by the queries' packing: pairs
+ * (s->qt) for qk_bf16, which reads the bfloat16 keys in place; split
+ * (s->qparts) for qk_split, which reads the head's key parts. */
 static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0, int nk,
-                   int pairs)
+                   query_packing queries)
 {
     const attnx_problem *p = jb->run.p;
     const attnx_half_tensor *k16 = &p->k16;
-    if (pairs) {
+    if (queries == QUERIES_SPLIT) {
+        const int64_t dp = jb->run.split_dp, part = jb->plan.kp_rows * dp;
+        const uint16_t *kp = jb->kparts + (it->b * p->Hk + it->hk) * 3 * part + j0 * dp;
+        jb->run.kt->qk_split(s->qparts, BQ, it->nq, kp, part, nk, dp, s->st);
+        attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 0);
+        return;
+    }
+    if (queries == QUERIES_PAIRS) {
         jb->run.kt->qk_bf16((const uint32_t *)s->qt, BQ, it->nq, half_rows_at(k16, it, j0), k16->sl,
                             nk, p->D, p->scale, s->st);
         attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 1);
@@ -185,7 +206,7 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
     const item_path path = start_rows(jb, s, it);
     for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
         const int nk = (int)min64(BK, kstop - j0);
-        scores(jb, s, it, j0, nk, path.pairs);
+        scores(jb, s, it, j0, nk, path.queries);
         softmax_tile(jb, s, it, nk);
         add_values(jb, s, it, j0, nk, s->alpha, &path);
     }
@@ -207,7 +228,7 @@ static item_path weights_stats(const fwd_job *jb, const fwd_scratch *s, const it
     const item_path path = start_rows(jb, s, it);
     for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
-        scores(jb, s, it, j0, nk, path.pairs);
+        scores(jb, s, it, j0, nk, path.queries);
         softmax_tile(jb, s, it, nk);
     }
     attnx_fold_sinks(jb, s, it);
@@ -226,7 +247,7 @@ void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view
     const item_path path = weights_stats(jb, s, it);
     for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
         const int nk = (int)min64(BK, it->kend - j0);
-        scores(jb, s, it, j0, nk, path.pairs);
+        scores(jb, s, it, j0, nk, path.queries);
         if (rows_layout(jb, nq)) {
             kt->softmax_rows_final(s->st, BK, nq, nk, s->m, s->alpha);
             for (int i = 0; i < nq; i++)

@@ -16,6 +16,14 @@ attnx_run attnx_run_of(const attnx_problem *p)
     };
     r.bf16_dots = r.kt->qk_bf16 && all_bf16(p);
     r.pv_tiles = r.bf16_dots && r.kt->pv_bf16 && p->Dv % 16 == 0;
+    /* float32 keys met by two query blocks or more (a block of queries of
+     * each of G heads, or two of one): splitting them costs about a third of
+     * one block's tile products, so one block alone would not gain */
+    const int64_t meet = p->Hk ? p->Hq / p->Hk * ((p->Lq + BQ - 1) / BQ) : 0;
+    r.split_dp = r.kt->qk_split && !r.bf16_dots && r.post_scale == 1.0f && p->D > 0 &&
+                         p->Lq > r.kt->dot_max_nq && meet >= 2
+                     ? (p->D + 31) / 32 * 32
+                     : 0;
     return r;
 }
 
@@ -52,8 +60,9 @@ static void split_keys_forward(const attnx_problem *p, int nt, int64_t blocks, f
     plan->nsplit = (p->Lk + plan->kchunk - 1) / plan->kchunk;
 }
 
-attnx_status attnx_plan_forward(const attnx_problem *p, fwd_plan *plan)
+attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan)
 {
+    const attnx_problem *p = r->p;
     const int nt = threads_for(p, 4.0, 2e6);
     plan->nqb = (p->Lq + BQ - 1) / BQ;
     plan->ldacc = ATTNX_ROUND16(p->Dv);
@@ -65,7 +74,13 @@ attnx_status attnx_plan_forward(const attnx_problem *p, fwd_plan *plan)
     if (plan->nsplit > 1 &&
         !mul_ok((size_t)plan->n_items, 2 * BQ + BQ * (size_t)plan->ldacc, &plan->partial))
         return ATTNX_ERR_OVERFLOW;
-    return attnx_fwd_scratch_size(p, plan->ldacc, &plan->scratch);
+    plan->kp_rows = ATTNX_ROUND16(p->Lk) + 16;
+    plan->kparts = 0;
+    if (r->split_dp &&
+        (!mul_ok((size_t)p->B * (size_t)p->Hk, 3 * (size_t)plan->kp_rows, &plan->kparts) ||
+         !mul_ok(plan->kparts, (size_t)r->split_dp, &plan->kparts)))
+        return ATTNX_ERR_OVERFLOW;
+    return attnx_fwd_scratch_size(p, plan->ldacc, r->split_dp, &plan->scratch);
 }
 
 /* Split-K for the backward: items are (batch, key/value head, key range);

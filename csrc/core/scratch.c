@@ -61,9 +61,11 @@ void attnx_scratch_give_back(int tid, float *buf)
     if (tid != 0) free(buf); /* thread 0's stays cached */
 }
 
-attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_t *floats)
+attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
+                                    size_t *floats)
 {
     size_t main, kv = 0, tiles = 0;
+    const size_t qparts = 3 * (size_t)(split_dp / 2) * BQ; /* split_dp <= D + 31: no overflow */
     if (!mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, &main) ||
         (p->k16.data && !mul_ok((size_t)p->D + (size_t)p->Dv, BK, &kv)) || main > SIZE_MAX - kv)
         return ATTNX_ERR_OVERFLOW;
@@ -73,12 +75,14 @@ attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, size_
             return ATTNX_ERR_OVERFLOW;
         tiles += (size_t)ATTNX_PV_BF16_WORK(0);
     }
-    if (main + kv > SIZE_MAX - tiles) return ATTNX_ERR_OVERFLOW;
-    *floats = main + kv + tiles;
+    if (main + kv > SIZE_MAX - tiles || main + kv + tiles > SIZE_MAX - qparts)
+        return ATTNX_ERR_OVERFLOW;
+    *floats = main + kv + tiles + qparts;
     return ATTNX_OK;
 }
 
-fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc)
+fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc,
+                                 int64_t split_dp)
 {
     fwd_scratch s;
     s.qt = base;
@@ -92,10 +96,13 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
         s.kbuf = s.alpha + BQ;
         s.vbuf = s.kbuf + (size_t)BK * p->D;
     }
+    float *end = s.alpha + BQ + (p->k16.data ? (size_t)BK * (size_t)(p->D + p->Dv) : 0);
     if (all_bf16(p)) { /* 64-byte aligned: every offset is a multiple of 16 floats */
         s.acct = s.vbuf + (size_t)BK * p->Dv;
         s.pv_work = s.acct + (size_t)ldacc * BQ;
+        end = s.pv_work + ATTNX_PV_BF16_WORK(0) + (size_t)ldacc * (BK / 2);
     }
+    s.qparts = split_dp ? (uint32_t *)end : NULL; /* 64-byte aligned, as above */
     return s;
 }
 

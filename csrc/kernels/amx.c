@@ -327,6 +327,141 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
     tiles_give_back(&saved);
 }
 
+/* ---- float32 on tiles: split_rows, split_pairs, qk_split -------------------
+ * Each float32 value is split into three bfloat16 parts (kernels.h, split_rows)
+ * so that its products become tile products of parts: the keys as rows of A
+ * (split_rows), the queries as B's pairs (split_pairs, from pack_qt's
+ * transposed queries). Six of the nine products of parts are summed. */
+
+/* x rounded to nearest at 8 significant bits: Veltkamp's c - (c - x), c = 65537 x. */
+static inline __m512 high8(__m512 x)
+{
+    const __m512 c = _mm512_mul_ps(_mm512_set1_ps(65537.0f), x);
+    return _mm512_sub_ps(c, _mm512_sub_ps(c, x));
+}
+
+/* |x| >= 2^100, inf or NaN in a lane. */
+static inline __mmask16 too_large(__m512 x)
+{
+    const __m512i mag = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+    return _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32((127 + 100) << 23));
+}
+
+/* The top halves of a's and b's 32-bit lanes: 32 bfloat16 values, a's first. */
+static inline __m512i top_halves(__m512 a, __m512 b)
+{
+    const __m512i odd =
+        _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                         25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_permutex2var_epi16(_mm512_castps_si512(a), odd, _mm512_castps_si512(b));
+}
+
+// x: (rows, n) rows x_sl apart  parts: (3, part) rows ldp apart
+int attnx_split_rows_amx(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
+                         int64_t part, int64_t ldp)
+{
+    __mmask16 special = 0;
+    for (int j = 0; j < ATTNX_ROUND16(rows); j++)
+        for (int64_t d = 0; d < ldp; d += 32) {
+            const int64_t left = j < rows ? n - d : 0; /* values of the row from d */
+            const __mmask16 ma = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            const __mmask16 mb = left >= 32  ? 0xffff
+                                 : left > 16 ? (__mmask16)((1u << (left - 16)) - 1)
+                                             : 0;
+            __m512 a = _mm512_maskz_loadu_ps(ma, x + j * x_sl + d);
+            __m512 b = _mm512_maskz_loadu_ps(mb, x + j * x_sl + d + 16);
+            special |= too_large(a) | too_large(b);
+            uint16_t *out = parts + j * ldp + d;
+            for (int t = 0; t < 2; t++) {
+                const __m512 ah = high8(a), bh = high8(b);
+                _mm512_storeu_si512(out + t * part, top_halves(ah, bh));
+                a = _mm512_sub_ps(a, ah);
+                b = _mm512_sub_ps(b, bh);
+            }
+            _mm512_storeu_si512(out + 2 * part, top_halves(a, b));
+        }
+    return special != 0;
+}
+
+// xt: (n, ldx)  parts: (3, part) as (np/2, ldx) pairs
+int attnx_split_pairs_amx(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
+                          uint32_t *parts, int64_t part)
+{
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    __mmask16 special = 0;
+    for (int64_t p = 0; 2 * p < np; p++)
+        for (int i = 0; i < nx; i += TILE) {
+            __m512 a = 2 * p < n ? _mm512_loadu_ps(xt + 2 * p * ldx + i) : _mm512_setzero_ps();
+            __m512 b =
+                2 * p + 1 < n ? _mm512_loadu_ps(xt + (2 * p + 1) * ldx + i) : _mm512_setzero_ps();
+            special |= too_large(a) | too_large(b);
+            uint32_t *out = parts + p * ldx + i;
+            for (int t = 0; t < 3; t++) {
+                const __m512 ah = t < 2 ? high8(a) : a, bh = t < 2 ? high8(b) : b;
+                /* ah >> 16 | (bh & top) in one ternary logic op */
+                _mm512_storeu_si512(
+                    out + t * part,
+                    _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(ah), 16),
+                                              _mm512_castps_si512(bh), top, 0xf8));
+                a = _mm512_sub_ps(a, ah);
+                b = _mm512_sub_ps(b, bh);
+            }
+        }
+    return special != 0;
+}
+
+/* Scores of (16 nkb) keys x (16 nqb) queries (nkb, nqb in {1, 2}) over Dp
+ * dims: C[kb][qb] in tile 2 kb + qb, the keys' parts in 4-5, the queries'
+ * in 6-7. Per 32 dims the six products of parts, the smaller first.
+ * qp: (3, Dp/2, ldq)  kp: (3, ., Dp)  st: (16 nkb, ldq) */
+static void split_block(int nkb, int nqb, const uint32_t *qp, int64_t ldq, const uint16_t *kp,
+                        int64_t kp_part, int64_t Dp, float *st)
+{
+    const int64_t a_stride = Dp * (int64_t)sizeof *kp, b_stride = ldq * (int64_t)sizeof *qp;
+    const int64_t c_stride = ldq * (int64_t)sizeof *st, q_part = Dp / 2 * ldq;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t d = 0; d < Dp; d += TILE_DIMS)
+        for (int b = 2; b >= 0; b--) { /* part b of the keys, a of the queries */
+            const uint16_t *k = kp + b * kp_part + d;
+            _tile_loadd(4, k, a_stride);
+            if (nkb == 2) _tile_loadd(5, k + TILE * Dp, a_stride);
+            for (int a = 2 - b; a >= 0; a--) {
+                const uint32_t *q = qp + a * q_part + d / 2 * ldq;
+                _tile_loadd(6, q, b_stride);
+                _tile_dpbf16ps(0, 4, 6);
+                if (nqb == 2) {
+                    _tile_loadd(7, q + TILE, b_stride);
+                    _tile_dpbf16ps(1, 4, 7);
+                }
+                if (nkb == 2) {
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (nqb == 2) _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+        }
+    _tile_stored(0, st, c_stride);
+    if (nqb == 2) _tile_stored(1, st + TILE, c_stride);
+    if (nkb == 2) _tile_stored(2, st + TILE * ldq, c_stride);
+    if (nkb == 2 && nqb == 2) _tile_stored(3, st + TILE * ldq + TILE, c_stride);
+}
+
+// qp: (3, Dp/2, ldq) pairs  kp: (3, ., Dp) rows, part b at kp + b*kp_part  st: (round16(nk), ldq)
+void attnx_qk_split_amx(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
+                        int64_t kp_part, int nk, int64_t Dp, float *st)
+{
+    const int nkv = (nk + TILE - 1) / TILE, nqv = (nq + TILE - 1) / TILE;
+    amx_config saved;
+    tiles_take(&saved);
+    for (int j = 0; j < nkv; j += 2)
+        for (int c = 0; c < nqv; c += 2)
+            split_block(nkv - j >= 2 ? 2 : 1, nqv - c >= 2 ? 2 : 1, qp + c * TILE, ldq,
+                        kp + j * TILE * Dp, kp_part, Dp, st + j * TILE * ldq + c * TILE);
+    tiles_give_back(&saved);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif

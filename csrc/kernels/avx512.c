@@ -22,6 +22,9 @@
 #define QK_AMX_TABLE attnx_kernels_avx512_amx /* with AMX-BF16: + the tiles' qk_bf16, pv_bf16 */
 #define QK_AMX attnx_qk_bf16_amx
 #define PV_AMX attnx_pv_bf16_amx
+#define QK_SPLIT_AMX attnx_qk_split_amx /* and float32 on tiles */
+#define SPLIT_ROWS_AMX attnx_split_rows_amx
+#define SPLIT_PAIRS_AMX attnx_split_pairs_amx
 #define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */
 #define QK_NV 2
 #define PV_MR 6 /* 6 queries x 4 vectors: 24 accumulators */

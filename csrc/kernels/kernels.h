@@ -191,6 +191,45 @@ typedef struct attnx_kernels {
     void (*pv_bf16)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
                     int64_t Dv, const float *alpha, float *acct, float *work);
 
+    /* Float32 scores on AMX tiles (NULL except with AMX): every float32
+     * value x is split exactly into three bfloat16 parts, x = x1 + x2 + x3
+     * (split_rows, split_pairs below), and of the nine products of parts
+     * the six with a + b <= 4 are summed, per query i (lane) and key j:
+     *   st[j*ldq + i] = sum_d sum_{a+b<=4} qa[d][i] · kb[j][d]
+     * where qa is part a of qt and kb part b of the keys. The three dropped
+     * products (q2·k3, q3·k2, q3·k3) are below 2^-23 |q·k| together: less
+     * than one float32 rounding of the product. Each tile product of parts
+     * is exact; the unit sums them in float32 its own way (see qk_bf16 on
+     * AMX), flushing subnormal parts and sums to zero (parts of |x| below
+     * 2^-110 are lost: their absolute size is what a score can lose).
+     * qp: (3, Dp/2, ldq) the pairs of split_pairs, part a at qp + a·(Dp/2)·ldq
+     * kp: (3, ., Dp) the rows of split_rows, part b at kp + b·kp_part; rows
+     *     up to nk rounded up to 16 are read  st: (round16(nk), ldq);
+     * Dp % 32 == 0; i < nq rounded up to 16. */
+    void (*qk_split)(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp, int64_t kp_part,
+                     int nk, int64_t Dp, float *st);
+
+    /* The split of qk_split (NULL where it is NULL): x1 is x rounded to
+     * nearest at 8 significant bits, x2 the rest x - x1 so rounded, x3 what
+     * is left (8 bits at most: a bfloat16 value), by Veltkamp's splitting
+     * (c = 65537·x, x1 = c - (c - x): the same bits on every ISA, with no
+     * FMA contraction, which C11 mode turns off). |x2| <= 2^-8 |x|,
+     * |x3| <= 2^-16 |x|. Rows: parts[a*part + j*ldp + d] = part a+1 of
+     * x[j*x_sl + d] for j < rows, d < n; 0 for n <= d < ldp, and in rows
+     * rows .. round16(rows)-1. Returns nonzero if any |x| >= 2^100, inf or
+     * NaN (65537·x could overflow: such inputs take the FMA path).
+     * x: (rows, n) rows x_sl apart  parts: (3, part), ldp % 32 == 0 */
+    int (*split_rows)(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
+                      int64_t part, int64_t ldp);
+
+    /* The same split of xt (n, ldx) (pack_qt's transposed rows) as pairs:
+     *   parts[a*part + p*ldx + i] = part a+1 of xt[2p][i] | part a+1 of xt[2p+1][i] << 16
+     * for 2p < np, i < nx rounded up to 16, where rows n .. np-1 of xt count
+     * as 0 (not read). Returns nonzero as split_rows does.
+     * xt: (n, ldx)  parts: (3, part), np even */
+    int (*split_pairs)(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np, uint32_t *parts,
+                       int64_t part);
+
     /* With qk_bf16, for the tiles that pv_bf16 does not take: 1 if the
      * tiles of the bfloat16 dot path read the 16-bit values in place with
      * pv_half, 0 if they convert them first (half_rows, then pv). Converting
@@ -229,6 +268,12 @@ void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t 
                        int nk, int64_t D, float scale, float *st);
 void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
                        int nk, int64_t Dv, const float *alpha, float *acct, float *work);
+void attnx_qk_split_amx(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
+                        int64_t kp_part, int nk, int64_t Dp, float *st);
+int attnx_split_rows_amx(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
+                         int64_t part, int64_t ldp);
+int attnx_split_pairs_amx(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
+                          uint32_t *parts, int64_t part);
 void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st);
 #endif
@@ -253,6 +298,14 @@ int attnx_pack_qt_bf16(const float *q, int64_t q_sl, int nq, int64_t D, uint32_t
  * for tests; not in any table (the scalar table keeps the float32 path). */
 void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st);
+/* The references of split_rows, split_pairs and qk_split (scalar.c), for
+ * tests; qk_split's sums its six products per d in float64. */
+int attnx_split_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
+                            int64_t part, int64_t ldp);
+int attnx_split_pairs_scalar(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
+                             uint32_t *parts, int64_t part);
+void attnx_qk_split_scalar(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
+                           int64_t kp_part, int nk, int64_t Dp, float *st);
 /* The reference of pv_bf16 (scalar.c), for tests: per d and i, in key
  * order, acc = fmaf(pt[j][i], v[j][d], acc) from alpha[i] * acct[d][i]. */
 void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,

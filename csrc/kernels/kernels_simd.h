@@ -812,5 +812,10 @@ const attnx_kernels SUFFIX(attnx_kernels) = {SIMD_ENTRIES};
 const attnx_kernels QK_BF16_TABLE = {SIMD_ENTRIES, .qk_bf16 = QK_BF16, .pv_half_tiles = 1};
 #endif
 #ifdef QK_AMX_TABLE
-const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES, .qk_bf16 = QK_AMX, .pv_bf16 = PV_AMX};
+const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES,
+                                    .qk_bf16 = QK_AMX,
+                                    .pv_bf16 = PV_AMX,
+                                    .qk_split = QK_SPLIT_AMX,
+                                    .split_rows = SPLIT_ROWS_AMX,
+                                    .split_pairs = SPLIT_PAIRS_AMX};
 #endif

@@ -187,6 +187,88 @@ void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16
     }
 }
 
+/* ---- float32 on bfloat16 tiles: the split, and qk_split ------------------ */
+
+/* x rounded to nearest at 8 significant bits (Veltkamp: c = 65537·x,
+ * c - (c - x)); C11 mode compiles no FMA contraction into it. */
+static float high8(float x)
+{
+    const float c = 65537.0f * x;
+    const float d = c - x;
+    return c - d;
+}
+
+/* The three parts of x, as bfloat16 bits (each part's low 16 bits are 0). */
+static void split3(float x, uint16_t part[3])
+{
+    const float x1 = high8(x), r = x - x1, x2 = high8(r), x3 = r - x2;
+    part[0] = (uint16_t)(bits_of(x1) >> 16);
+    part[1] = (uint16_t)(bits_of(x2) >> 16);
+    part[2] = (uint16_t)(bits_of(x3) >> 16);
+}
+
+/* |x| >= 2^100, inf or NaN: the split could overflow. */
+static int too_large(float x) { return (bits_of(x) & 0x7fffffffu) >= (127u + 100u) << 23; }
+
+// x: (rows, n) rows x_sl apart  parts: (3, part) rows ldp apart
+int attnx_split_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
+                            int64_t part, int64_t ldp)
+{
+    int special = 0;
+    for (int j = 0; j < ATTNX_ROUND16(rows); j++)
+        for (int64_t d = 0; d < ldp; d++) {
+            uint16_t t[3] = {0, 0, 0};
+            if (j < rows && d < n) {
+                special |= too_large(x[j * x_sl + d]);
+                split3(x[j * x_sl + d], t);
+            }
+            for (int a = 0; a < 3; a++) parts[a * part + j * ldp + d] = t[a];
+        }
+    return special;
+}
+
+// xt: (n, ldx)  parts: (3, part) as (np/2, ldx) pairs
+int attnx_split_pairs_scalar(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
+                             uint32_t *parts, int64_t part)
+{
+    int special = 0;
+    for (int64_t p = 0; 2 * p < np; p++)
+        for (int i = 0; i < ATTNX_ROUND16(nx); i++) {
+            uint16_t even[3] = {0, 0, 0}, odd[3] = {0, 0, 0};
+            if (2 * p < n) {
+                special |= too_large(xt[2 * p * ldx + i]);
+                split3(xt[2 * p * ldx + i], even);
+            }
+            if (2 * p + 1 < n) {
+                special |= too_large(xt[(2 * p + 1) * ldx + i]);
+                split3(xt[(2 * p + 1) * ldx + i], odd);
+            }
+            for (int a = 0; a < 3; a++)
+                parts[a * part + p * ldx + i] = even[a] | (uint32_t)odd[a] << 16;
+        }
+    return special;
+}
+
+// qp: (3, Dp/2, ldq) pairs  kp: (3, ., Dp) rows, part b at kp + b*kp_part  st: (nk, ldq)
+void attnx_qk_split_scalar(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
+                           int64_t kp_part, int nk, int64_t Dp, float *st)
+{
+    const int64_t qpart = Dp / 2 * ldq;
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            double acc = 0.0;
+            for (int64_t d = 0; d < Dp; d++)
+                for (int a = 0; a < 3; a++)
+                    for (int b = 0; a + b < 3; b++) {
+                        const uint32_t pair = qp[a * qpart + d / 2 * ldq + i];
+                        const uint16_t q = (uint16_t)(d % 2 ? pair >> 16 : pair);
+                        acc += (double)attnx_bf16_to_float(q) *
+                               attnx_bf16_to_float(kp[b * kp_part + j * Dp + d]);
+                    }
+            st[j * ldq + i] = (float)acc;
+        }
+}
+
 // pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)
 void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
                           int nk, int64_t Dv, const float *alpha, float *acct)

@@ -1018,6 +1018,240 @@ static void test_pv_bf16(const char *isa)
     }
 }
 
+/* ---- float32 on tiles: split_rows, split_pairs, qk_split ---------------------------
+ * The reference split (scalar.c) against its contract: three bfloat16 parts
+ * that sum to x exactly, x1 the nearest 8-bit value, |x2| <= 2^-8 (1 + 2^-8)
+ * |x| and |x3| <= 2^-16 |x|, zeros in the padding, the flag for |x| >= 2^100,
+ * inf and NaN. A table's splits give the reference's bits. The reference
+ * qk_split is within 2^-22 of sum |q·k| of the exact sum (the dropped
+ * products), and a table's qk_split within the summation bound of the
+ * reference's float64 sum of its six products a dim. */
+
+/* A float for the split: ordinary (kind 0), any magnitude the split takes
+ * (2^-100 .. 2^99, 1), anything (any 32 bits: tiny, subnormal, huge, inf,
+ * NaN; 2). */
+static float split_value(int kind)
+{
+    if (kind == 0) return nrand();
+    if (kind == 1) return (float)ldexp(nrand(), (int)(urand() * 200) - 100);
+    const uint32_t u = (uint32_t)(urand() * 4294967296.0);
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static int split_special(float x) { return !(fabsf(x) < 0x1p100f); }
+
+/* The parts of x at index at of parts (3, part), as floats. */
+static void parts_of(const uint16_t *parts, int64_t part, int64_t at, float x3[3])
+{
+    for (int a = 0; a < 3; a++) x3[a] = attnx_bf16_to_float(parts[a * part + at]);
+}
+
+/* rows (rows, n) rows x_sl apart into parts (3, part) rows ldp apart, by the
+ * reference and by kt (NULL: the reference alone). */
+static void split_rows_case(const attnx_kernels *kt, int rows, int n, int64_t x_sl, int kind)
+{
+    const int64_t ldp = (n + 31) / 32 * 32, part = (int64_t)(ATTNX_ROUND16(rows) + 1) * ldp;
+    float *x = malloc(sizeof(float) * (size_t)(rows * x_sl));
+    uint16_t *ref = malloc(sizeof(uint16_t) * 3 * (size_t)part);
+    uint16_t *got = malloc(sizeof(uint16_t) * 3 * (size_t)part);
+    int special = 0;
+    for (int64_t e = 0; e < rows * x_sl; e++) {
+        x[e] = split_value(kind);
+        special |= e % x_sl < n && split_special(x[e]);
+    }
+    for (int64_t e = 0; e < 3 * part; e++) ref[e] = got[e] = 0xbeef;
+    const int flag = attnx_split_rows_scalar(x, x_sl, rows, n, ref, part, ldp);
+    cur.cases++;
+    expect(flag == special, "flag %d, want %d", flag, special);
+    if (kt) {
+        cur.cases++;
+        expect(kt->split_rows(x, x_sl, rows, n, got, part, ldp) == special, "flag, want %d",
+               special);
+        for (int64_t e = 0; e < 3 * part; e++)
+            if (!expect(got[e] == ref[e], "part %d row %d col %d: %04x, scalar %04x",
+                        (int)(e / part), (int)(e % part / ldp), (int)(e % ldp), got[e], ref[e]))
+                break;
+    }
+    for (int j = 0; j <= ATTNX_ROUND16(rows); j++)
+        for (int64_t d = 0; d < ldp; d++) {
+            float p[3];
+            parts_of(ref, part, j * ldp + d, p);
+            if (j == ATTNX_ROUND16(rows)) { /* the guard row */
+                for (int a = 0; a < 3; a++)
+                    expect(ref[a * part + j * ldp + d] == 0xbeef, "row %d written", j);
+                continue;
+            }
+            if (j >= rows || d >= n) {
+                expect(p[0] == 0 && p[1] == 0 && p[2] == 0, "padding [%d][%d] not 0", j, (int)d);
+                continue;
+            }
+            const float v = x[j * x_sl + d];
+            if (split_special(v) || fabsf(v) < 0x1p-100f) continue;
+            const double x1 = p[0], x2 = p[1], x3 = p[2];
+            cur.cases++;
+            expect(x1 + x2 + x3 == (double)v, "%a != %a + %a + %a", v, x1, x2, x3);
+            expect(fabs(v - x1) <= ldexp(1.0, ilogb(v) - 8), "x1 = %a not %a to 8 bits", x1, v);
+            expect(fabs(x2) <= 0x1p-8 * (1 + 0x1p-8) * fabs(v) && fabs(x3) <= 0x1p-16 * fabs(v),
+                   "parts of %a too large: %a %a", v, x2, x3);
+        }
+    free(x), free(ref), free(got);
+}
+
+/* xt (n, LDQ) split into pairs (3, part) by the reference: the rows' split
+ * of each column, two dims a word; then by kt (NULL: the reference alone). */
+static void split_pairs_case(const attnx_kernels *kt, int nx, int n, int kind)
+{
+    const int64_t np = (n + 31) / 32 * 32, part = (np / 2 + 1) * LDQ;
+    float *xt = malloc(sizeof(float) * (size_t)(n * LDQ)), *col = malloc(sizeof(float) * np);
+    uint32_t *ref = malloc(sizeof(uint32_t) * 3 * (size_t)part);
+    uint32_t *got = malloc(sizeof(uint32_t) * 3 * (size_t)part);
+    uint16_t *rows = malloc(sizeof(uint16_t) * 3 * 16 * (size_t)np);
+    int special = 0;
+    for (int d = 0; d < n; d++)
+        for (int i = 0; i < LDQ; i++) {
+            xt[d * LDQ + i] = i < ATTNX_ROUND16(nx) ? split_value(kind) : NAN; /* never read */
+            special |= i < ATTNX_ROUND16(nx) && split_special(xt[d * LDQ + i]);
+        }
+    for (int64_t e = 0; e < 3 * part; e++) ref[e] = got[e] = 0xdeadbeefu;
+    cur.cases++;
+    expect(attnx_split_pairs_scalar(xt, LDQ, nx, n, np, ref, part) == special, "flag, want %d",
+           special);
+    for (int i = 0; i < LDQ; i++) { /* column i as a row, split by split_rows */
+        for (int d = 0; d < n; d++) col[d] = xt[d * LDQ + i];
+        attnx_split_rows_scalar(col, np, 1, n, rows, 16 * np, np);
+        for (int64_t p = 0; p <= np / 2; p++)
+            for (int a = 0; a < 3; a++) {
+                const uint32_t want =
+                    p == np / 2 || i >= ATTNX_ROUND16(nx)
+                        ? 0xdeadbeefu
+                        : rows[a * 16 * np + 2 * p] | (uint32_t)rows[a * 16 * np + 2 * p + 1] << 16;
+                expect(ref[a * part + p * LDQ + i] == want, "pair %d of column %d: %08x, want %08x",
+                       (int)p, i, ref[a * part + p * LDQ + i], want);
+            }
+    }
+    if (kt) {
+        cur.cases++;
+        expect(kt->split_pairs(xt, LDQ, nx, n, np, got, part) == special, "flag, want %d", special);
+        for (int64_t e = 0; e < 3 * part; e++)
+            if (!expect(got[e] == ref[e], "word %d: %08x, scalar %08x", (int)e, got[e], ref[e]))
+                break;
+    }
+    free(xt), free(col), free(ref), free(got), free(rows);
+}
+
+static void test_split_reference(void)
+{
+    begin("any", "split reference", "identical");
+    for (int kind = 0; kind < 3; kind++)
+        for (int n = 1; n <= 70; n += 1 + n / 8) {
+            split_rows_case(NULL, 1 + n % 19, n, n + n % 3, kind);
+            split_pairs_case(NULL, 1 + n % LDQ, n, kind);
+        }
+    end();
+    begin("any", "split reference steps", "identical");
+    const float x[6] = {1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-9f, 0x1p99f, 0x1p100f, INFINITY, NAN};
+    uint16_t parts[3 * 16 * 32];
+    const int64_t part = 16 * 32;
+    /* 1 + 2^-8 is a tie at 8 bits: to even, 1; then 2^-8 exactly */
+    attnx_split_rows_scalar(x, 1, 1, 1, parts, part, 32);
+    cur.cases++;
+    expect(parts[0] == 0x3f80u && parts[part] == 0x3b80u && parts[2 * part] == 0,
+           "1 + 2^-8: %04x %04x %04x", parts[0], parts[part], parts[2 * part]);
+    /* 1 + 2^-8 + 2^-9 rounds up to 1 + 2^-7, the rest -2^-9 */
+    attnx_split_rows_scalar(x + 1, 1, 1, 1, parts, part, 32);
+    expect(parts[0] == 0x3f81u && parts[part] == 0xbb00u && parts[2 * part] == 0,
+           "1 + 2^-8 + 2^-9: %04x %04x %04x", parts[0], parts[part], parts[2 * part]);
+    for (int e = 2; e < 6; e++) {
+        cur.cases++;
+        expect(attnx_split_rows_scalar(x + e, 1, 1, 1, parts, part, 32) == (e > 2), "%a: flag",
+               x[e]);
+    }
+    end();
+}
+
+/* One tile of qk_split: q (nq, D) and k (nk, D) of kind, split by the
+ * reference; kt's scores against the reference's, and the reference
+ * against the exact float64 sum. */
+static void qk_split_case(const attnx_kernels *kt, int nq, int nk, int D, int kind)
+{
+    const int64_t dp = (D + 31) / 32 * 32, nk16 = ATTNX_ROUND16(nk), kpart = nk16 * dp;
+    const int64_t qpart = dp / 2 * LDQ;
+    float *q = malloc(sizeof(float) * (size_t)(nq * D)),
+          *k = malloc(sizeof(float) * (size_t)(nk * D));
+    float *qt = calloc((size_t)(D * LDQ), sizeof(float));
+    uint32_t *qp = malloc(sizeof(uint32_t) * 3 * (size_t)qpart);
+    uint16_t *kp = malloc(sizeof(uint16_t) * 3 * (size_t)kpart);
+    float *st = guarded((size_t)(nk16 + 1) * LDQ), *ref = guarded((size_t)(nk16 + 1) * LDQ);
+    for (int e = 0; e < nq * D; e++)
+        q[e] = kind ? (float)ldexp(nrand(), (int)(urand() * 60) - 30) : nrand();
+    for (int e = 0; e < nk * D; e++)
+        k[e] = kind ? (float)ldexp(nrand(), (int)(urand() * 60) - 30) : nrand();
+    for (int i = 0; i < nq; i++)
+        for (int d = 0; d < D; d++) qt[d * LDQ + i] = q[i * D + d];
+    attnx_split_pairs_scalar(qt, LDQ, nq, D, dp, qp, qpart);
+    attnx_split_rows_scalar(k, D, nk, D, kp, kpart, dp);
+    kt->qk_split(qp, LDQ, nq, kp, kpart, nk, dp, st);
+    attnx_qk_split_scalar(qp, LDQ, nq, kp, kpart, nk, dp, ref);
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            double exact = 0.0, mag = 0.0;
+            for (int d = 0; d < D; d++) {
+                exact += (double)q[i * D + d] * k[j * D + d];
+                mag += fabs((double)q[i * D + d] * k[j * D + d]);
+            }
+            cur.cases++;
+            expect_within(ref[j * LDQ + i], (float)exact, 0x1p-22 * mag + 0x1p-24 * fabs(exact),
+                          "reference", j, i);
+            /* 6 D terms summed in float32, each step within 2^-24 (no part
+             * here is below 2^-126: nothing flushed). With D = 1 the bound is
+             * 2^-21 |q·k|: a product left out (q2·k2 is near 2^-18) shows. */
+            expect_within(st[j * LDQ + i], ref[j * LDQ + i], (6 * D + 2) * 0x1p-24 * mag, "st", j,
+                          i);
+        }
+    for (int i = 0; i < LDQ; i++) {
+        for (int j = 0; j < nk16; j++)
+            if (i >= ATTNX_ROUND16(nq))
+                expect(st[j * LDQ + i] == GUARD, "st[%d][%d] written past the queries", j, i);
+        expect(st[nk16 * LDQ + i] == GUARD, "st row %d written past round16(nk)", (int)nk16);
+    }
+    free(q), free(k), free(qt), free(qp), free(kp), free(st), free(ref);
+}
+
+/* Every table of an instruction set's bfloat16 dot products that has the
+ * split, on this CPU: its splits give the reference's bits, and its
+ * qk_split is within the summation bound, over 1 and 2 tiles of keys and
+ * queries, partial ones, and dims around 32. */
+static void test_split(const char *isa)
+{
+    static const int dims[] = {1, 24, 32, 47, 64, 70, 96, 128};
+    static const int keys[] = {1, 15, 16, 17, 31, 32, 33, 64, 100, 128};
+    const attnx_isa *row = isa_row(isa);
+    for (const attnx_dots *dots = row && row->dots ? row->dots : NULL; dots && dots->name; dots++) {
+        const attnx_kernels *kt = dots->kernels;
+        if (!kt->qk_split || !dots->supported()) continue;
+        char what[64];
+        snprintf(what, sizeof what, "split %s", dots->name);
+        begin(isa, what, "identical");
+        for (int kind = 0; kind < 3; kind++)
+            for (int n = 1; n <= 130; n += 1 + n / 6) {
+                split_rows_case(kt, 1 + n % 37, n, n + n % 3, kind);
+                split_pairs_case(kt, 1 + (n * 7) % LDQ, n, kind);
+            }
+        end();
+        snprintf(what, sizeof what, "qk_split %s", dots->name);
+        begin(isa, what, "summation");
+        for (int kind = 0; kind < 2; kind++)
+            for (int a = 0; a < SMAX + NWIDE; a++)
+                for (int x = 0; x < 8; x++)
+                    for (int y = (a + x) % 3; y < 10; y += 3)
+                        qk_split_case(kt, size_at(a) > LDQ ? LDQ : size_at(a), keys[y], dims[x],
+                                      kind);
+        end();
+    }
+}
+
 /* ---- fma_burn ---------------------------------------------------------------------- */
 
 /* The peak's kernel counts its flops right (a lane's FMA is 2) and computes
@@ -1048,6 +1282,7 @@ int main(void)
     printf("attnx kernel test: each instruction set's kernels against the scalar ones\n");
     test_pack_bf16();
     test_qk_bf16_reference();
+    test_split_reference();
     for (int s = 0; s < attnx_isa_count(); s++) {
         const char *isa = attnx_isa_name_at(s);
         const attnx_kernels *kt = attnx_isa_kernels(isa);
@@ -1075,6 +1310,7 @@ int main(void)
         test_half(isa, kt, ATTNX_HALF_BF16);
         test_qk_bf16(isa);
         test_pv_bf16(isa);
+        test_split(isa);
         test_fma_burn(isa, kt);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");

@@ -59,6 +59,31 @@ int main(int argc, char **argv)
            "%.0f cyc (%.1f flop/cyc)  total-> %.1f flop/cyc\n",
            isa, D, best[0], fl / best[0], best[1], best[1] / (NQ * NK / 16.0), best[2],
            fl / best[2], 2 * fl / (best[0] + best[1] + best[2]));
+    if (K->qk_split) {
+        /* float32 on tiles: the queries' split (once an item), the keys'
+         * (once a head, or once a tile), and the six tile products */
+        const int64_t Dp = (D + 31) / 32 * 32, kpart = (int64_t)NK * Dp;
+        uint32_t *qp = aligned_alloc(64, 4 * 3 * (size_t)Dp / 2 * NQ);
+        uint16_t *kp = aligned_alloc(64, 2 * 3 * (size_t)kpart);
+        double bs[3] = {1e30, 1e30, 1e30};
+        for (int rep = 0; rep < 3000; rep++) {
+            unsigned long long t0 = __rdtsc();
+            K->split_pairs(qt, NQ, NQ, D, Dp, qp, Dp / 2 * NQ);
+            unsigned long long t1 = __rdtsc();
+            K->split_rows(k + (rep % NT) * NK * D, D, NK, D, kp, kpart, Dp);
+            unsigned long long t2 = __rdtsc();
+            K->qk_split(qp, NQ, NQ, kp, kpart, NK, Dp, st);
+            unsigned long long t3 = __rdtsc();
+            if (t1 - t0 < bs[0]) bs[0] = t1 - t0;
+            if (t2 - t1 < bs[1]) bs[1] = t2 - t1;
+            if (t3 - t2 < bs[2]) bs[2] = t3 - t2;
+        }
+        printf("%s D=%d float32 on tiles: split q %.0f cyc  split k %.0f cyc  qk_split %.0f cyc "
+               "(%.1f flop/cyc)  total-> %.1f flop/cyc (%.2fx; keys split a tile: %.2fx)\n",
+               isa, D, bs[0], bs[1], bs[2], fl / bs[2], 2 * fl / (bs[2] + best[1] + best[2]),
+               (best[0] + best[1] + best[2]) / (bs[2] + best[1] + best[2]),
+               (best[0] + best[1] + best[2]) / (bs[1] + bs[2] + best[1] + best[2]));
+    }
     if (!K->qk_bf16) return 0;
     /* all-bfloat16 inputs: qk_bf16 on the keys in place, and the values'
      * conversion to float32 (half_rows) that pv then reads */
