@@ -134,7 +134,9 @@ static inline int all_bf16(const attnx_problem *p)
  * split_dp: the scores of float32 queries and keys take kt->qk_split (AMX),
  * the keys split once a call into bfloat16 parts (forward.c), the queries
  * once an item; only where a key tile meets enough queries to pay for the
- * split (plan.c), and with no post_scale. */
+ * split (plan.c), and with no post_scale. split_pv: P·V of those items
+ * takes kt->pv_split into acct, over the values split and transposed once
+ * a call too. */
 typedef struct {
     const attnx_problem *p;
     const attnx_kernels *kt;
@@ -142,6 +144,7 @@ typedef struct {
     int bf16_dots;
     int pv_tiles;     /* bf16_dots and kt->pv_bf16, Dv % 16 == 0: their blocks' P·V on tiles */
     int64_t split_dp; /* float32 on tiles (kt->qk_split): D rounded up to 32; else 0 */
+    int split_pv;     /* and P·V on tiles too (kt->pv_split, Dv % 16 == 0) */
 } attnx_run;
 
 attnx_run attnx_run_of(const attnx_problem *p); /* plan.c */
@@ -167,6 +170,8 @@ typedef struct {
     size_t partial;  /* floats of the split-K partials, 0 when nsplit is 1 */
     int64_t kp_rows; /* with split_dp: rows of a head's key parts, round16(Lk) + 16 */
     size_t kparts;   /* with split_dp: bfloat16 values of every head's key parts */
+    int64_t ldv;     /* with split_pv: keys a row of a head's value parts, round64(Lk) + 64 */
+    size_t vparts;   /* with split_pv: bfloat16 values of every head's value parts */
 } fwd_plan;
 
 typedef struct {
@@ -188,7 +193,8 @@ attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan);
  *   qt (D, BQ) | st (BK, BQ) | acc (BQ, ldacc) | m, l, alpha (BQ)
  *   | with half-precision K/V: kbuf (BK, D) | vbuf (BK, Dv)
  *   | with bfloat16 Q, K, V: acct (ldacc, BQ) | pv_work (ATTNX_PV_BF16_WORK(ldacc))
- *   | with split_dp: qparts (3, split_dp / 2, BQ) */
+ *   | with split_dp: qparts (3, split_dp / 2, BQ)
+ *   | with split_pv and not bfloat16 Q, K, V: acct | pv_work, as above */
 typedef struct {
     float *qt;            /* (D, BQ) packed queries, or (nq, D) rows for qk_dot */
     float *st;            /* (BK, BQ) scores, then probabilities; (nq, BK) when decoding */
@@ -216,10 +222,10 @@ typedef struct {
 } bwd_scratch;
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
-                                    size_t *floats);
+                                    int split_pv, size_t *floats);
 attnx_status attnx_bwd_scratch_size(const attnx_problem *p, int64_t ldqa, size_t *floats);
 fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc,
-                                 int64_t split_dp);
+                                 int64_t split_dp, int split_pv);
 bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, int64_t ldqa);
 
 /* n floats, 64-byte aligned, or NULL (out of memory, or n too large). */
@@ -272,6 +278,11 @@ typedef struct {
      * value the split cannot take (its tiles then take qk) */
     uint16_t *kparts;
     unsigned char *kspecial;
+    /* with split_pv: head (b, hk)'s values split and transposed,
+     * (3, round16(Dv), ldv) at vparts + (b·Hk + hk)·3·round16(Dv)·ldv, and
+     * whether its values hold a value the split cannot take (P·V then on FMAs) */
+    uint16_t *vparts;
+    unsigned char *vspecial;
 } fwd_job;
 
 /* One item's place in the problem: queries i0 .. i0+rows-1 of head (b, h),

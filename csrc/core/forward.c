@@ -49,6 +49,8 @@ static void free_scratch(fwd_job *jb, int taken)
     free(jb->partial);
     free(jb->kparts);
     free(jb->kspecial);
+    free(jb->vparts);
+    free(jb->vspecial);
 }
 
 /* One scratch per thread, and the split-K partials. */
@@ -66,6 +68,15 @@ static attnx_status alloc_scratch(fwd_job *jb)
             return ATTNX_ERR_NOMEM;
         }
     }
+    if (jb->plan.vparts) {
+        const attnx_problem *p = jb->run.p;
+        jb->vparts = (uint16_t *)attnx_alloc_floats((jb->plan.vparts + 1) / 2);
+        jb->vspecial = calloc((size_t)(p->B * p->Hk), 1);
+        if (!jb->vparts || !jb->vspecial) {
+            free_scratch(jb, 0);
+            return ATTNX_ERR_NOMEM;
+        }
+    }
     if (!(jb->scr = calloc((size_t)nt, sizeof(fwd_scratch)))) {
         free_scratch(jb, 0);
         return ATTNX_ERR_NOMEM;
@@ -76,7 +87,8 @@ static attnx_status alloc_scratch(fwd_job *jb)
             free_scratch(jb, t);
             return ATTNX_ERR_NOMEM;
         }
-        jb->scr[t] = attnx_fwd_scratch_at(base, jb->run.p, jb->plan.ldacc, jb->run.split_dp);
+        jb->scr[t] = attnx_fwd_scratch_at(base, jb->run.p, jb->plan.ldacc, jb->run.split_dp,
+                                          jb->run.split_pv);
     }
     return ATTNX_OK;
 }
@@ -103,6 +115,38 @@ static void split_keys(void *arg, int tid, int64_t bh)
     const int64_t done = ATTNX_ROUND16(p->Lk) * dp;
     for (int a = 0; a < 3; a++)
         memset(parts + a * part + done, 0, sizeof *parts * (size_t)(part - done));
+}
+
+/* Item bh = b·Hk + hk: the values of head (b, hk) split into their parts
+ * and transposed, (3, Dv, ldv) (kt->pv_split's vt), BQ keys at a time:
+ * transposed by pack_qt into the thread's acc (Dv, BQ), split by split_rows
+ * into its acct and on into pv_work (3·Dv·BQ bfloat16 values: 1.5·Dv·BQ
+ * floats of their 2·Dv·BQ; all free until the items start), then copied
+ * into place; keys past Lk are 0. 16-bit values are converted first (vbuf). */
+static void split_values(void *arg, int tid, int64_t bh)
+{
+    const fwd_job *jb = arg;
+    const fwd_scratch *s = &jb->scr[tid];
+    const attnx_problem *p = jb->run.p;
+    const int64_t b = bh / p->Hk, hk = bh % p->Hk, Dv = p->Dv, ldv = jb->plan.ldv;
+    const int64_t part = Dv * ldv, tpart = Dv * BQ; /* Dv % 16 == 0 */
+    uint16_t *parts = jb->vparts + bh * 3 * part, *split = (uint16_t *)s->acct;
+    int special = 0;
+    for (int64_t j0 = 0; j0 < ldv; j0 += BQ) {
+        const int nk = (int)clamp64(p->Lk - j0, 0, BQ);
+        if (nk) {
+            int64_t v_sl;
+            const float *v = attnx_kv_rows(&jb->run, 1, b, hk, j0, nk, s->vbuf, &v_sl);
+            jb->run.kt->pack_qt(v, v_sl, nk, Dv, 1.0f, s->acc, BQ);
+        }
+        /* (Dv, BQ) of values: split_rows reads nk of them, and zeroes the rest */
+        special |= jb->run.kt->split_rows(s->acc, BQ, (int)Dv, nk, split, tpart, BQ);
+        for (int a = 0; a < 3; a++)
+            for (int64_t d = 0; d < Dv; d++)
+                memcpy(parts + a * part + d * ldv + j0, split + a * tpart + d * BQ,
+                       sizeof *parts * BQ);
+    }
+    jb->vspecial[bh] = (unsigned char)special;
 }
 
 /* Nothing to compute: no output rows, or rows of width 0 and nothing else asked. */
@@ -169,6 +213,7 @@ attnx_status attnx_forward(const attnx_problem *p)
     if ((st = attnx_plan_forward(&jb.run, &jb.plan)) != ATTNX_OK) return st;
     if ((st = alloc_scratch(&jb)) != ATTNX_OK) return st;
     if (jb.kparts) attnx_parallel_items(jb.plan.threads, p->B * p->Hk, split_keys, &jb);
+    if (jb.vparts) attnx_parallel_items(jb.plan.threads, p->B * p->Hk, split_values, &jb);
     attnx_parallel_items(jb.plan.threads, jb.plan.n_items, run_item, &jb);
     if (jb.plan.nsplit > 1) attnx_merge_partials(&jb);
     free_scratch(&jb, jb.plan.threads);

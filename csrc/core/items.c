@@ -88,10 +88,16 @@ static query_packing pack_queries(const fwd_job *jb, const fwd_scratch *s, const
     return QUERIES_FLOAT;
 }
 
-/* How an item's tiles are computed: the scores by the queries' packing, and
- * P·V with pv_bf16 into the transposed accumulator s->acct (tiles). */
+/* Where an item's P·V goes: rows of s->acc (pv, pv_half), or on AMX's
+ * tiles into the transposed accumulator s->acct, with pv_bf16 over bfloat16
+ * values or pv_split over the head's value parts. */
+typedef enum { VALUES_ROWS, VALUES_BF16_TILES, VALUES_SPLIT_TILES } value_path;
+
+/* How an item's tiles are computed: the scores by the queries' packing,
+ * P·V by its value path (tiles: not VALUES_ROWS). */
 typedef struct {
     query_packing queries;
+    value_path values;
     int tiles;
 } item_path;
 
@@ -99,7 +105,13 @@ static item_path start_rows(const fwd_job *jb, const fwd_scratch *s, const item_
 {
     item_path path;
     path.queries = pack_queries(jb, s, it);
-    path.tiles = path.queries == QUERIES_PAIRS && jb->run.pv_tiles;
+    path.values = VALUES_ROWS;
+    if (path.queries == QUERIES_PAIRS && jb->run.pv_tiles)
+        path.values = VALUES_BF16_TILES;
+    else if (jb->run.split_pv && !rows_layout(jb, it->nq) &&
+             !jb->vspecial[it->b * jb->run.p->Hk + it->hk])
+        path.values = VALUES_SPLIT_TILES;
+    path.tiles = path.values != VALUES_ROWS;
     for (int i = 0; i < BQ; i++) {
         s->m[i] = -INFINITY;
         s->l[i] = 0.0f;
@@ -161,7 +173,7 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
 }
 
 /* acc = alpha · acc + P · V over the tile's values (alpha NULL: no rescale).
- * On tiles (path->tiles: AMX) into acct with pv_bf16. 16-bit values are
+ * On tiles (path->tiles: AMX) into acct with pv_bf16 or pv_split. 16-bit values are
  * converted in registers as pv_half reads them (the same bits as pv on rows
  * converted by half_rows) when decoding, and on the bfloat16 dot path where
  * the kernels say so (pv_half_tiles: vdpbf16ps on Zen). AVX2's float16
@@ -170,7 +182,14 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
                        int nk, const float *alpha, const item_path *path)
 {
     const attnx_problem *p = jb->run.p;
-    if (path->tiles) {
+    if (path->values == VALUES_SPLIT_TILES) {
+        const int64_t ldv = jb->plan.ldv, part = p->Dv * ldv;
+        const uint16_t *vt = jb->vparts + (it->b * p->Hk + it->hk) * 3 * part + j0;
+        jb->run.kt->pv_split(s->st, BQ, it->nq, vt, ldv, part, nk, p->Dv, alpha, s->acct,
+                             s->pv_work);
+        return;
+    }
+    if (path->values == VALUES_BF16_TILES) {
         const attnx_half_tensor *v = &p->v16;
         jb->run.kt->pv_bf16(s->st, BQ, it->nq, half_rows_at(v, it, j0), v->sl, nk, p->Dv, alpha,
                             s->acct, s->pv_work);

@@ -24,6 +24,7 @@ attnx_run attnx_run_of(const attnx_problem *p)
                          p->Lq > r.kt->dot_max_nq && meet >= 2
                      ? (p->D + 31) / 32 * 32
                      : 0;
+    r.split_pv = r.split_dp && r.kt->pv_split && p->Dv > 0 && p->Dv % 16 == 0;
     return r;
 }
 
@@ -80,7 +81,13 @@ attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan)
         (!mul_ok((size_t)p->B * (size_t)p->Hk, 3 * (size_t)plan->kp_rows, &plan->kparts) ||
          !mul_ok(plan->kparts, (size_t)r->split_dp, &plan->kparts)))
         return ATTNX_ERR_OVERFLOW;
-    return attnx_fwd_scratch_size(p, plan->ldacc, r->split_dp, &plan->scratch);
+    plan->ldv = (p->Lk + 63) / 64 * 64 + 64;
+    plan->vparts = 0;
+    if (r->split_pv &&
+        (!mul_ok((size_t)p->B * (size_t)p->Hk, 3 * (size_t)plan->ldv, &plan->vparts) ||
+         !mul_ok(plan->vparts, (size_t)p->Dv, &plan->vparts)))
+        return ATTNX_ERR_OVERFLOW;
+    return attnx_fwd_scratch_size(p, plan->ldacc, r->split_dp, r->split_pv, &plan->scratch);
 }
 
 /* Split-K for the backward: items are (batch, key/value head, key range);

@@ -62,14 +62,14 @@ void attnx_scratch_give_back(int tid, float *buf)
 }
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
-                                    size_t *floats)
+                                    int split_pv, size_t *floats)
 {
     size_t main, kv = 0, tiles = 0;
     const size_t qparts = 3 * (size_t)(split_dp / 2) * BQ; /* split_dp <= D + 31: no overflow */
     if (!mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, &main) ||
         (p->k16.data && !mul_ok((size_t)p->D + (size_t)p->Dv, BK, &kv)) || main > SIZE_MAX - kv)
         return ATTNX_ERR_OVERFLOW;
-    if (all_bf16(p)) { /* acct (ldacc, BQ) and pv_work: ATTNX_PV_BF16_WORK(ldacc) */
+    if (all_bf16(p) || split_pv) { /* acct (ldacc, BQ), pv_work: ATTNX_PV_BF16_WORK(ldacc) */
         if (!mul_ok((size_t)ldacc, BQ + BK / 2, &tiles) ||
             tiles > SIZE_MAX - (size_t)ATTNX_PV_BF16_WORK(0))
             return ATTNX_ERR_OVERFLOW;
@@ -82,7 +82,7 @@ attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64
 }
 
 fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc,
-                                 int64_t split_dp)
+                                 int64_t split_dp, int split_pv)
 {
     fwd_scratch s;
     s.qt = base;
@@ -97,8 +97,8 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
         s.vbuf = s.kbuf + (size_t)BK * p->D;
     }
     float *end = s.alpha + BQ + (p->k16.data ? (size_t)BK * (size_t)(p->D + p->Dv) : 0);
-    if (all_bf16(p)) { /* 64-byte aligned: every offset is a multiple of 16 floats */
-        s.acct = s.vbuf + (size_t)BK * p->Dv;
+    if (all_bf16(p) || split_pv) { /* 64-byte aligned: every offset is a multiple of 16 floats */
+        s.acct = end;
         s.pv_work = s.acct + (size_t)ldacc * BQ;
         end = s.pv_work + ATTNX_PV_BF16_WORK(0) + (size_t)ldacc * (BK / 2);
     }

@@ -87,6 +87,13 @@ static inline void scale_block(float *st, int64_t ldq, float scale)
         _mm512_storeu_ps(st + j * ldq, _mm512_mul_ps(s, _mm512_loadu_ps(st + j * ldq)));
 }
 
+/* x rounded to nearest at 8 significant bits: Veltkamp's c - (c - x), c = 65537 x. */
+static inline __m512 high8(__m512 x)
+{
+    const __m512 c = _mm512_mul_ps(_mm512_set1_ps(65537.0f), x);
+    return _mm512_sub_ps(c, _mm512_sub_ps(c, x));
+}
+
 /* Scores of (16 * nkb) keys x (16 * nqb) queries, nkb, nqb in {1, 2}, over
  * D (a multiple of 32) dims: C[kb][qb] in tile 2 kb + qb.
  * qt2: (D/2, ldq) pairs  k: (16 nkb, D) rows k_sl apart  st: (16 nkb, ldq) */
@@ -172,11 +179,14 @@ _Static_assert(PARTS *PART_FLOATS == ATTNX_PV_BF16_WORK(0),
  * for pairs p < round32(nk) / 2 (keys past nk are 0) and i < 16 nqv. A part is
  * the top 16 bits of what is left of the probability: truncating to them keeps
  * 8 significant bits and the binade, so the difference is exact, and three
- * take all 24 bits. Two query tiles at a time, so that their parts (24 KiB)
+ * take all 24 bits. With nearest, the first two parts are rounded to nearest
+ * instead (Veltkamp, as split_rows): still exact, and the second and third
+ * parts are then half as large (what pv_split's dropped products need).
+ * Two query tiles at a time, so that their parts (24 KiB)
  * stay in L1 while the tiles read them: splitting the whole tile at once
  * wrote 48 KiB, and took twice as long on the Xeon. pt: (nk, ldq)
  * parts: (PARTS, PAIRS, PART_LD) */
-static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, uint32_t *parts)
+static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, int nearest, uint32_t *parts)
 {
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     const int pairs = (nk + 2 * TILE - 1) / (2 * TILE) * TILE;
@@ -187,10 +197,15 @@ static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, uint32_t 
             __m512 b = 2 * p + 1 < nk ? _mm512_loadu_ps(row + ldq) : _mm512_setzero_ps();
             uint32_t *dst = parts + p * PART_LD + c * TILE;
             for (int t = 0; t < PARTS - 1; t++) {
-                const __m512i ta = _mm512_and_si512(_mm512_castps_si512(a), top);
-                const __m512i tb = _mm512_and_si512(_mm512_castps_si512(b), top);
-                _mm512_storeu_si512(dst + t * PART_FLOATS,
-                                    _mm512_or_si512(_mm512_srli_epi32(ta, 16), tb));
+                const __m512i ta = nearest ? _mm512_castps_si512(high8(a))
+                                           : _mm512_and_si512(_mm512_castps_si512(a), top);
+                const __m512i tb = nearest ? _mm512_castps_si512(high8(b))
+                                           : _mm512_and_si512(_mm512_castps_si512(b), top);
+                /* ta >> 16 | (tb & top): a part to nearest of a subnormal
+                 * may have bits below the top 16 (the unit flushes it anyway) */
+                _mm512_storeu_si512(
+                    dst + t * PART_FLOATS,
+                    _mm512_ternarylogic_epi32(_mm512_srli_epi32(ta, 16), tb, top, 0xf8));
                 a = _mm512_sub_ps(a, _mm512_castsi512_ps(ta));
                 b = _mm512_sub_ps(b, _mm512_castsi512_ps(tb));
             }
@@ -319,7 +334,7 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
     tiles_take(&saved);
     for (int c = 0; c < nqv; c += 2) {
         const int nqb = nqv - c >= 2 ? 2 : 1;
-        split_probs(pt + c * TILE, ldq, nqb, nk, parts);
+        split_probs(pt + c * TILE, ldq, nqb, nk, 0, parts);
         for (int db = 0; db < ndt; db += 2)
             pv_block(ndt - db >= 2 ? 2 : 1, nqb, vt + db * TILE * ATTNX_BK, parts, steps,
                      acct + db * TILE * ldq + c * TILE, ldq);
@@ -332,13 +347,6 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
  * so that its products become tile products of parts: the keys as rows of A
  * (split_rows), the queries as B's pairs (split_pairs, from pack_qt's
  * transposed queries). Six of the nine products of parts are summed. */
-
-/* x rounded to nearest at 8 significant bits: Veltkamp's c - (c - x), c = 65537 x. */
-static inline __m512 high8(__m512 x)
-{
-    const __m512 c = _mm512_mul_ps(_mm512_set1_ps(65537.0f), x);
-    return _mm512_sub_ps(c, _mm512_sub_ps(c, x));
-}
 
 /* |x| >= 2^100, inf or NaN in a lane. */
 static inline __mmask16 too_large(__m512 x)
@@ -459,6 +467,80 @@ void attnx_qk_split_amx(const uint32_t *qp, int64_t ldq, int nq, const uint16_t 
         for (int c = 0; c < nqv; c += 2)
             split_block(nkv - j >= 2 ? 2 : 1, nqv - c >= 2 ? 2 : 1, qp + c * TILE, ldq,
                         kp + j * TILE * Dp, kp_part, Dp, st + j * TILE * ldq + c * TILE);
+    tiles_give_back(&saved);
+}
+
+/* ---- float32 P·V on tiles: pv_split ----------------------------------------
+ * pv_bf16's roles, with the values' three parts transposed once a call
+ * (split_values in core/forward.c: vt (3, Dv, ldv), a dim a row, the keys
+ * along it) and the probabilities split to nearest: per 32 keys the six
+ * products of parts whose orders reach 2^-16, the smaller first. */
+
+/* acct over (16 ndb) dims x (16 nqb) queries plus `steps` rows of 32 keys of
+ * the six products: C[db][qb] in tile 2 db + qb, the values' parts in 4-5,
+ * the probabilities' in 6-7. vt: (3, 16 ndb, ldv)  parts: (PARTS, PAIRS, PART_LD) */
+static void pv_split_block(int ndb, int nqb, const uint16_t *vt, int64_t ldv, int64_t vpart,
+                           const uint32_t *parts, int steps, float *acct, int64_t ldq)
+{
+    const int64_t a_stride = ldv * (int64_t)sizeof *vt;
+    const int64_t b_stride = PART_LD * (int64_t)sizeof *parts;
+    const int64_t c_stride = ldq * (int64_t)sizeof *acct;
+    float *acct1 = acct + TILE * ldq;
+    _tile_loadd(0, acct, c_stride);
+    if (nqb == 2) _tile_loadd(1, acct + TILE, c_stride);
+    if (ndb == 2) _tile_loadd(2, acct1, c_stride);
+    if (ndb == 2 && nqb == 2) _tile_loadd(3, acct1 + TILE, c_stride);
+    for (int s = 0; s < steps; s++)
+        for (int b = 2; b >= 0; b--) { /* part b of the values, a of P */
+            const uint16_t *v = vt + b * vpart + s * TILE_DIMS;
+            _tile_loadd(4, v, a_stride);
+            if (ndb == 2) _tile_loadd(5, v + TILE * ldv, a_stride);
+            for (int a = 2 - b; a >= 0; a--) {
+                const uint32_t *p = parts + a * PART_FLOATS + s * TILE * PART_LD;
+                _tile_loadd(6, p, b_stride);
+                _tile_dpbf16ps(0, 4, 6);
+                if (nqb == 2) {
+                    _tile_loadd(7, p + TILE, b_stride);
+                    _tile_dpbf16ps(1, 4, 7);
+                }
+                if (ndb == 2) {
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (nqb == 2) _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+        }
+    _tile_stored(0, acct, c_stride);
+    if (nqb == 2) _tile_stored(1, acct + TILE, c_stride);
+    if (ndb == 2) _tile_stored(2, acct1, c_stride);
+    if (ndb == 2 && nqb == 2) _tile_stored(3, acct1 + TILE, c_stride);
+}
+
+// pt: (nk, ldq)  vt: (3, Dv, ldv) parts, part stride vpart  acct: (Dv, ldq)  work:
+// ATTNX_PV_BF16_WORK(0)
+void attnx_pv_split_amx(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
+                        int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct,
+                        float *work)
+{
+    const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
+    uint32_t *parts = (uint32_t *)work;
+    if (alpha) /* alpha[i] * acct[d][i], as the reference's first step */
+        for (int64_t d = 0; d < Dv; d++)
+            for (int c = 0; c < nqv; c++) {
+                float *a = acct + d * ldq + c * TILE;
+                _mm512_storeu_ps(
+                    a, _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), _mm512_loadu_ps(a)));
+            }
+    if (nk <= 0) return;
+    const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
+    amx_config saved;
+    tiles_take(&saved);
+    for (int c = 0; c < nqv; c += 2) {
+        const int nqb = nqv - c >= 2 ? 2 : 1;
+        split_probs(pt + c * TILE, ldq, nqb, nk, 1, parts);
+        for (int db = 0; db < ndt; db += 2)
+            pv_split_block(ndt - db >= 2 ? 2 : 1, nqb, vt + db * TILE * ldv, ldv, vpart, parts,
+                           steps, acct + db * TILE * ldq + c * TILE, ldq);
+    }
     tiles_give_back(&saved);
 }
 

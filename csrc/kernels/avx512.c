@@ -23,6 +23,7 @@
 #define QK_AMX attnx_qk_bf16_amx
 #define PV_AMX attnx_pv_bf16_amx
 #define QK_SPLIT_AMX attnx_qk_split_amx /* and float32 on tiles */
+#define PV_SPLIT_AMX attnx_pv_split_amx
 #define SPLIT_ROWS_AMX attnx_split_rows_amx
 #define SPLIT_PAIRS_AMX attnx_split_pairs_amx
 #define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */

@@ -209,6 +209,22 @@ typedef struct attnx_kernels {
     void (*qk_split)(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp, int64_t kp_part,
                      int nk, int64_t Dp, float *st);
 
+    /* Float32 P·V on AMX tiles (NULL except with AMX), as pv_bf16 into the
+     * transposed accumulator, for a tile of probabilities and float32 values
+     * split into their three parts (split_rows' split) and transposed:
+     *   acct[d][i] = alpha[i] * acct[d][i] + sum_j sum_{a+b<=4} pa[j][i] · vb[j][d]
+     * (alpha NULL: no rescale), pa part a of pt[j][i] (split as split_rows
+     * does), vb part b of value j; the six products as qk_split's, summed
+     * the unit's way. Values must be finite and below 2^100 (the caller
+     * checks: split_rows' flag). vt: (3, Dv, ldv) part b at vt + b·vpart,
+     * vt[b][d][j] = part b of v[j][d]; keys up to nk rounded up to 32 are
+     * read (finite, any value: their probabilities are 0)
+     * pt: (nk, ldq)  acct: (Dv, ldq)  work: ATTNX_PV_BF16_WORK(0) floats,
+     * 64-byte aligned; Dv % 16 == 0; i < nq rounded up to 16 */
+    void (*pv_split)(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
+                     int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct,
+                     float *work);
+
     /* The split of qk_split (NULL where it is NULL): x1 is x rounded to
      * nearest at 8 significant bits, x2 the rest x - x1 so rounded, x3 what
      * is left (8 bits at most: a bfloat16 value), by Veltkamp's splitting
@@ -270,6 +286,9 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
                        int nk, int64_t Dv, const float *alpha, float *acct, float *work);
 void attnx_qk_split_amx(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
                         int64_t kp_part, int nk, int64_t Dp, float *st);
+void attnx_pv_split_amx(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
+                        int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct,
+                        float *work);
 int attnx_split_rows_amx(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
                          int64_t part, int64_t ldp);
 int attnx_split_pairs_amx(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
@@ -298,14 +317,17 @@ int attnx_pack_qt_bf16(const float *q, int64_t q_sl, int nq, int64_t D, uint32_t
  * for tests; not in any table (the scalar table keeps the float32 path). */
 void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st);
-/* The references of split_rows, split_pairs and qk_split (scalar.c), for
- * tests; qk_split's sums its six products per d in float64. */
+/* The references of split_rows, split_pairs, qk_split and pv_split
+ * (scalar.c), for tests; qk_split's and pv_split's sum the six products
+ * in float64 (pv_split's onto alpha[i] * acct[d][i] in float32). */
 int attnx_split_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
                             int64_t part, int64_t ldp);
 int attnx_split_pairs_scalar(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
                              uint32_t *parts, int64_t part);
 void attnx_qk_split_scalar(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
                            int64_t kp_part, int nk, int64_t Dp, float *st);
+void attnx_pv_split_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
+                           int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct);
 /* The reference of pv_bf16 (scalar.c), for tests: per d and i, in key
  * order, acc = fmaf(pt[j][i], v[j][d], acc) from alpha[i] * acct[d][i]. */
 void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,

@@ -816,6 +816,7 @@ const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES,
                                     .qk_bf16 = QK_AMX,
                                     .pv_bf16 = PV_AMX,
                                     .qk_split = QK_SPLIT_AMX,
+                                    .pv_split = PV_SPLIT_AMX,
                                     .split_rows = SPLIT_ROWS_AMX,
                                     .split_pairs = SPLIT_PAIRS_AMX};
 #endif

@@ -269,6 +269,26 @@ void attnx_qk_split_scalar(const uint32_t *qp, int64_t ldq, int nq, const uint16
         }
 }
 
+// pt: (nk, ldq)  vt: (3, Dv, ldv) parts, part b at vt + b*vpart  acct: (Dv, ldq)
+void attnx_pv_split_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
+                           int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct)
+{
+    for (int64_t d = 0; d < Dv; d++)
+        for (int i = 0; i < nq; i++) {
+            const float start = alpha ? alpha[i] * acct[d * ldq + i] : acct[d * ldq + i];
+            double acc = start;
+            for (int j = 0; j < nk; j++) {
+                uint16_t p[3];
+                split3(pt[j * ldq + i], p);
+                for (int a = 0; a < 3; a++)
+                    for (int b = 0; a + b < 3; b++)
+                        acc += (double)attnx_bf16_to_float(p[a]) *
+                               attnx_bf16_to_float(vt[b * vpart + d * ldv + j]);
+            }
+            acct[d * ldq + i] = (float)acc;
+        }
+}
+
 // pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)
 void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
                           int nk, int64_t Dv, const float *alpha, float *acct)

@@ -1219,6 +1219,57 @@ static void qk_split_case(const attnx_kernels *kt, int nq, int nk, int D, int ki
     free(q), free(k), free(qt), free(qp), free(kp), free(st), free(ref);
 }
 
+/* One tile of pv_split: probabilities pt (nk, LDQ) (as the softmax leaves
+ * them), values v (nk, Dv) of kind split and transposed by the reference
+ * into vt (3, Dv, ldv) with finite junk past nk (read, weighed by 0): kt's
+ * acct against the reference's, and the reference against the exact sum. */
+static void pv_split_case(const attnx_kernels *kt, int nq, int nk, int Dv, int kind, int with_alpha)
+{
+    const int64_t ldv = (nk + 31) / 32 * 32 + 32, vpart = (int64_t)Dv * ldv;
+    float *pt = malloc(sizeof(float) * (size_t)nk * LDQ),
+          *vtf = malloc(sizeof(float) * (size_t)(Dv * ldv));
+    uint16_t *vt = malloc(sizeof(uint16_t) * 3 * (size_t)vpart);
+    float *acct = guarded((size_t)(Dv + 1) * LDQ), *ref = guarded((size_t)(Dv + 1) * LDQ);
+    float *init = guarded((size_t)Dv * LDQ), alpha[LDQ];
+    float *work = aligned_alloc(64, sizeof(float) * ATTNX_PV_BF16_WORK(0));
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < LDQ; i++) pt[j * LDQ + i] = random_prob();
+    for (int d = 0; d < Dv; d++)
+        for (int64_t j = 0; j < ldv; j++)
+            vtf[d * ldv + j] = kind ? (float)ldexp(nrand(), (int)(urand() * 60) - 30) : nrand();
+    attnx_split_rows_scalar(vtf, ldv, Dv, ldv, vt, vpart, ldv);
+    for (int d = 0; d < Dv; d++)
+        for (int i = 0; i < ATTNX_ROUND16(nq); i++)
+            init[d * LDQ + i] = acct[d * LDQ + i] = ref[d * LDQ + i] = nrand();
+    for (int i = 0; i < LDQ; i++) alpha[i] = (float)urand();
+    const float *al = with_alpha ? alpha : NULL;
+    kt->pv_split(pt, LDQ, nq, vt, ldv, vpart, nk, Dv, al, acct, work);
+    attnx_pv_split_scalar(pt, LDQ, nq, vt, ldv, vpart, nk, Dv, al, ref);
+    for (int d = 0; d < Dv; d++)
+        for (int i = 0; i < nq; i++) {
+            const float a = al ? al[i] * init[d * LDQ + i] : init[d * LDQ + i];
+            double exact = a, mag = fabs(a);
+            for (int j = 0; j < nk; j++) {
+                exact += (double)pt[j * LDQ + i] * vtf[d * ldv + j];
+                mag += fabs((double)pt[j * LDQ + i] * vtf[d * ldv + j]);
+            }
+            cur.cases++;
+            expect_within(ref[d * LDQ + i], (float)exact, 0x1p-22 * mag + 0x1p-24 * fabs(exact),
+                          "reference", d, i);
+            /* 6 nk terms and the start, summed in float32 (nothing here is
+             * flushed but parts of probabilities below 2^-110: they are 0
+             * against a start of order 1) */
+            expect_within(acct[d * LDQ + i], ref[d * LDQ + i], (6 * nk + 2) * 0x1p-24 * mag, "acct",
+                          d, i);
+        }
+    for (int d = 0; d < Dv; d++)
+        for (int i = ATTNX_ROUND16(nq); i < LDQ; i++)
+            expect(acct[d * LDQ + i] == GUARD, "acct[%d][%d] written past the queries", d, i);
+    for (int i = 0; i < LDQ; i++)
+        expect(acct[Dv * LDQ + i] == GUARD, "acct row %d (Dv) written", Dv);
+    free(pt), free(vtf), free(vt), free(acct), free(ref), free(init), free(work);
+}
+
 /* Every table of an instruction set's bfloat16 dot products that has the
  * split, on this CPU: its splits give the reference's bits, and its
  * qk_split is within the summation bound, over 1 and 2 tiles of keys and
@@ -1248,6 +1299,15 @@ static void test_split(const char *isa)
                     for (int y = (a + x) % 3; y < 10; y += 3)
                         qk_split_case(kt, size_at(a) > LDQ ? LDQ : size_at(a), keys[y], dims[x],
                                       kind);
+        end();
+        snprintf(what, sizeof what, "pv_split %s", dots->name);
+        begin(isa, what, "summation");
+        for (int kind = 0; kind < 2; kind++)
+            for (int a = 0; a < SMAX + NWIDE; a++)
+                for (int x = 0; x < 6; x++)
+                    for (int y = (a + x) % 3; y < 10; y += 3)
+                        pv_split_case(kt, size_at(a) > LDQ ? LDQ : size_at(a), keys[y],
+                                      16 * (1 + x % 3) * (1 + x / 3), kind, (a + x + y) % 3 != 0);
         end();
     }
 }

@@ -83,6 +83,29 @@ int main(int argc, char **argv)
                isa, D, bs[0], bs[1], bs[2], fl / bs[2], 2 * fl / (bs[2] + best[1] + best[2]),
                (best[0] + best[1] + best[2]) / (bs[2] + best[1] + best[2]),
                (best[0] + best[1] + best[2]) / (bs[1] + bs[2] + best[1] + best[2]));
+        if (K->pv_split && D % 16 == 0) {
+            /* the values split once a call, transposed: (3, D, ldv) */
+            const int64_t ldv = NK + 32, vpart = (int64_t)ATTNX_ROUND16(D) * ldv;
+            float *vtf = aligned_alloc(64, 4 * (size_t)D * NK);
+            uint16_t *vt = aligned_alloc(64, 2 * 3 * (size_t)vpart);
+            float *work = aligned_alloc(64, 4 * ATTNX_PV_BF16_WORK(0));
+            float *acct = aligned_alloc(64, 4 * (size_t)D * NQ);
+            for (int j = 0; j < NK; j++)
+                for (int d = 0; d < D; d++) vtf[d * NK + j] = v[j * D + d];
+            attnx_split_rows_scalar(vtf, NK, D, NK, vt, vpart, ldv);
+            for (int i = 0; i < NQ * D; i++) acct[i] = 0;
+            double bv = 1e30;
+            for (int rep = 0; rep < 3000; rep++) {
+                unsigned long long t0 = __rdtsc();
+                K->pv_split(st, NQ, NQ, vt, ldv, vpart, NK, D, al, acct, work);
+                unsigned long long t1 = __rdtsc();
+                if (t1 - t0 < bv) bv = t1 - t0;
+            }
+            printf("%s D=%d float32 on tiles: pv_split %.0f cyc (%.1f flop/cyc)  total-> %.1f "
+                   "flop/cyc (%.2fx)\n",
+                   isa, D, bv, fl / bv, 2 * fl / (bs[2] + best[1] + bv),
+                   (best[0] + best[1] + best[2]) / (bs[2] + best[1] + bv));
+        }
     }
     if (!K->qk_bf16) return 0;
     /* all-bfloat16 inputs: qk_bf16 on the keys in place, and the values'
