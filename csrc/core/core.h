@@ -168,11 +168,19 @@ typedef struct {
     int64_t ldacc;   /* accumulator rows: Dv rounded up to a whole vector */
     size_t scratch;  /* floats per thread (attnx_fwd_scratch_at) */
     size_t partial;  /* floats of the split-K partials, 0 when nsplit is 1 */
-    int64_t kp_rows; /* with split_dp: rows of a head's key parts, round16(Lk) + 16 */
-    size_t kparts;   /* with split_dp: bfloat16 values of every head's key parts */
+    /* with split_dp: the key/value heads (b·Hk + hk) go in groups of
+     * split_heads, each group's parts split before its items run, so that
+     * the parts take at most ATTNX_SPLIT_BYTES (or one head's) */
+    int64_t split_heads;
+    int64_t kp_rows; /* rows of a head's key parts, round16(Lk) + 16 */
+    size_t kparts;   /* bfloat16 values of a group's key parts */
     int64_t ldv;     /* with split_pv: keys a row of a head's value parts, round64(Lk) + 64 */
-    size_t vparts;   /* with split_pv: bfloat16 values of every head's value parts */
+    size_t vparts;   /* with split_pv: bfloat16 values of a group's value parts */
 } fwd_plan;
+
+/* The most memory the parts of a group of heads take, unless one head's
+ * take more: 16 MiB (L=1024 D=64: 20 heads; L=16384 D=64: one, 12 MiB). */
+#define ATTNX_SPLIT_BYTES ((size_t)16 << 20)
 
 typedef struct {
     int threads;
@@ -235,6 +243,14 @@ float *attnx_alloc_floats(size_t n);
  * thread) keeps its buffer between calls, so that a stream of small calls does
  * not pay for malloc and the page faults of fresh memory every time. */
 float *attnx_scratch_take(int tid, size_t n);
+
+/* A buffer of the calling thread of n floats or more, kept between calls
+ * (and freed when the thread exits), one for each use: thread 0's scratch,
+ * and the forward's parts of float32 on tiles (at most ATTNX_SPLIT_BYTES but
+ * for a single larger head, whose pages a stream of calls would otherwise
+ * fault in every call). NULL when out of memory. */
+typedef enum { ATTNX_CALLER_SCRATCH, ATTNX_CALLER_PARTS, ATTNX_CALLER_USES } attnx_caller_use;
+float *attnx_caller_buffer(attnx_caller_use use, size_t n);
 void attnx_scratch_give_back(int tid, float *buf);
 
 /* ---- one tile (tile.c) ------------------------------------------------------ */
@@ -273,14 +289,16 @@ typedef struct {
     fwd_plan plan;
     float *partial;   /* nsplit > 1: per item, m (BQ) | l (BQ) | acc (BQ, ldacc) */
     fwd_scratch *scr; /* one per thread */
-    /* with split_dp: head (b, hk)'s key parts (3, kp_rows, split_dp) at
-     * kparts + (b·Hk + hk)·3·kp_rows·split_dp, and whether its keys hold a
-     * value the split cannot take (its tiles then take qk) */
+    /* with split_dp, for the group of heads from head0 = b0·Hk + hk0: head
+     * (b, hk)'s key parts (3, kp_rows, split_dp) at kparts + x·3·kp_rows·split_dp,
+     * x = b·Hk + hk - head0, and kspecial[x]: whether its keys hold a value
+     * the split cannot take (its tiles then take qk) */
+    int64_t head0, item0; /* and the group's first item */
     uint16_t *kparts;
     unsigned char *kspecial;
-    /* with split_pv: head (b, hk)'s values split and transposed,
-     * (3, round16(Dv), ldv) at vparts + (b·Hk + hk)·3·round16(Dv)·ldv, and
-     * whether its values hold a value the split cannot take (P·V then on FMAs) */
+    /* with split_pv: head x's values split and transposed, (3, Dv, ldv) at
+     * vparts + x·3·Dv·ldv, and vspecial[x]: whether its values hold a value
+     * the split cannot take (P·V then on FMAs) */
     uint16_t *vparts;
     unsigned char *vspecial;
 } fwd_job;

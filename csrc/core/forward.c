@@ -2,8 +2,9 @@
  * kernels of the active instruction set through their table (kernels.h).
  *
  *   check (validate.c) → plan (plan.c) → scratch (scratch.c)
- *   → float32 keys split into bfloat16 parts, for qk_split (AMX; below)
- *   → the items over the thread pool (items.c, tile.c, output.c)
+ *   → the items over the thread pool (items.c, tile.c, output.c); with
+ *     float32 on AMX tiles, a group of heads at a time, after their keys
+ *     and values are split into bfloat16 parts (below)
  *   → split-K partials merged (output.c)
  *
  * With too few query blocks to occupy every thread (decoding), the keys are
@@ -42,15 +43,18 @@ static void run_item(void *arg, int tid, int64_t item)
     if (it.nq > 0 && kbeg < kstop) attnx_online_item(jb, s, &it, kbeg, kstop, part);
 }
 
+/* Item i of a group of heads: item item0 + i of the call. */
+static void run_group_item(void *arg, int tid, int64_t i)
+{
+    run_item(arg, tid, ((const fwd_job *)arg)->item0 + i);
+}
+
 static void free_scratch(fwd_job *jb, int taken)
 {
     for (int t = 0; t < taken; t++) attnx_scratch_give_back(t, jb->scr[t].qt);
     free(jb->scr);
     free(jb->partial);
-    free(jb->kparts);
-    free(jb->kspecial);
-    free(jb->vparts);
-    free(jb->vspecial);
+    free(jb->kspecial); /* and vspecial; the parts are the caller's */
 }
 
 /* One scratch per thread, and the split-K partials. */
@@ -59,23 +63,17 @@ static attnx_status alloc_scratch(fwd_job *jb)
     const int nt = jb->plan.threads;
     if (jb->plan.partial && !(jb->partial = attnx_alloc_floats(jb->plan.partial)))
         return ATTNX_ERR_NOMEM;
-    if (jb->plan.kparts) {
-        const attnx_problem *p = jb->run.p;
-        jb->kparts = (uint16_t *)attnx_alloc_floats((jb->plan.kparts + 1) / 2);
-        jb->kspecial = calloc((size_t)(p->B * p->Hk), 1);
-        if (!jb->kparts || !jb->kspecial) {
+    if (jb->plan.kparts) { /* the key parts, then the value parts: the caller's buffer */
+        const size_t values = (jb->plan.kparts + jb->plan.vparts + 1) / 2;
+        float *parts = attnx_caller_buffer(ATTNX_CALLER_PARTS, values);
+        jb->kspecial = calloc((size_t)jb->plan.split_heads, 2);
+        if (!parts || !jb->kspecial) {
             free_scratch(jb, 0);
             return ATTNX_ERR_NOMEM;
         }
-    }
-    if (jb->plan.vparts) {
-        const attnx_problem *p = jb->run.p;
-        jb->vparts = (uint16_t *)attnx_alloc_floats((jb->plan.vparts + 1) / 2);
-        jb->vspecial = calloc((size_t)(p->B * p->Hk), 1);
-        if (!jb->vparts || !jb->vspecial) {
-            free_scratch(jb, 0);
-            return ATTNX_ERR_NOMEM;
-        }
+        jb->kparts = (uint16_t *)parts;
+        jb->vparts = jb->plan.vparts ? jb->kparts + jb->plan.kparts : NULL;
+        jb->vspecial = jb->kspecial + jb->plan.split_heads;
     }
     if (!(jb->scr = calloc((size_t)nt, sizeof(fwd_scratch)))) {
         free_scratch(jb, 0);
@@ -93,17 +91,18 @@ static attnx_status alloc_scratch(fwd_job *jb)
     return ATTNX_OK;
 }
 
-/* Item bh = b·Hk + hk: the keys of head (b, hk) split into their bfloat16
- * parts (kt->split_rows), once for every query block that meets them; the
- * rows past Lk are 0. 16-bit keys are converted a tile at a time first
- * (kt->half_rows, into the thread's kbuf), as the tiles of qk read them. */
-static void split_keys(void *arg, int tid, int64_t bh)
+/* Item x of the group: the keys of head bh = head0 + x = b·Hk + hk split
+ * into their bfloat16 parts (kt->split_rows), once for every query block
+ * that meets them; the rows past Lk are 0. 16-bit keys are converted a tile
+ * at a time first (kt->half_rows, into the thread's kbuf), as the tiles of
+ * qk read them. */
+static void split_keys(void *arg, int tid, int64_t x)
 {
     const fwd_job *jb = arg;
     const attnx_problem *p = jb->run.p;
-    const int64_t b = bh / p->Hk, hk = bh % p->Hk, dp = jb->run.split_dp;
+    const int64_t bh = jb->head0 + x, b = bh / p->Hk, hk = bh % p->Hk, dp = jb->run.split_dp;
     const int64_t part = jb->plan.kp_rows * dp;
-    uint16_t *parts = jb->kparts + bh * 3 * part;
+    uint16_t *parts = jb->kparts + x * 3 * part;
     int special = 0;
     for (int64_t j0 = 0; j0 < p->Lk; j0 += BK) { /* whole blocks of 16 rows but the last */
         const int nk = (int)min64(BK, p->Lk - j0);
@@ -111,26 +110,26 @@ static void split_keys(void *arg, int tid, int64_t bh)
         const float *k = attnx_kv_rows(&jb->run, 0, b, hk, j0, nk, jb->scr[tid].kbuf, &k_sl);
         special |= jb->run.kt->split_rows(k, k_sl, nk, p->D, parts + j0 * dp, part, dp);
     }
-    jb->kspecial[bh] = (unsigned char)special;
+    jb->kspecial[x] = (unsigned char)special;
     const int64_t done = ATTNX_ROUND16(p->Lk) * dp;
     for (int a = 0; a < 3; a++)
         memset(parts + a * part + done, 0, sizeof *parts * (size_t)(part - done));
 }
 
-/* Item bh = b·Hk + hk: the values of head (b, hk) split into their parts
+/* Item x of the group: the values of head head0 + x split into their parts
  * and transposed, (3, Dv, ldv) (kt->pv_split's vt), BQ keys at a time:
  * transposed by pack_qt into the thread's acc (Dv, BQ), split by split_rows
  * into its acct and on into pv_work (3·Dv·BQ bfloat16 values: 1.5·Dv·BQ
  * floats of their 2·Dv·BQ; all free until the items start), then copied
  * into place; keys past Lk are 0. 16-bit values are converted first (vbuf). */
-static void split_values(void *arg, int tid, int64_t bh)
+static void split_values(void *arg, int tid, int64_t x)
 {
     const fwd_job *jb = arg;
     const fwd_scratch *s = &jb->scr[tid];
     const attnx_problem *p = jb->run.p;
-    const int64_t b = bh / p->Hk, hk = bh % p->Hk, Dv = p->Dv, ldv = jb->plan.ldv;
-    const int64_t part = Dv * ldv, tpart = Dv * BQ; /* Dv % 16 == 0 */
-    uint16_t *parts = jb->vparts + bh * 3 * part, *split = (uint16_t *)s->acct;
+    const int64_t bh = jb->head0 + x, b = bh / p->Hk, hk = bh % p->Hk, Dv = p->Dv;
+    const int64_t ldv = jb->plan.ldv, part = Dv * ldv, tpart = Dv * BQ; /* Dv % 16 == 0 */
+    uint16_t *parts = jb->vparts + x * 3 * part, *split = (uint16_t *)s->acct;
     int special = 0;
     for (int64_t j0 = 0; j0 < ldv; j0 += BQ) {
         const int nk = (int)clamp64(p->Lk - j0, 0, BQ);
@@ -146,7 +145,14 @@ static void split_values(void *arg, int tid, int64_t bh)
                 memcpy(parts + a * part + d * ldv + j0, split + a * tpart + d * BQ,
                        sizeof *parts * BQ);
     }
-    jb->vspecial[bh] = (unsigned char)special;
+    jb->vspecial[x] = (unsigned char)special;
+}
+
+/* Item x of the group: head head0 + x's keys, and its values with split_pv. */
+static void split_head(void *arg, int tid, int64_t x)
+{
+    split_keys(arg, tid, x);
+    if (((const fwd_job *)arg)->vparts) split_values(arg, tid, x);
 }
 
 /* Nothing to compute: no output rows, or rows of width 0 and nothing else asked. */
@@ -212,9 +218,17 @@ attnx_status attnx_forward(const attnx_problem *p)
     fwd_job jb = {.run = attnx_run_of(p)};
     if ((st = attnx_plan_forward(&jb.run, &jb.plan)) != ATTNX_OK) return st;
     if ((st = alloc_scratch(&jb)) != ATTNX_OK) return st;
-    if (jb.kparts) attnx_parallel_items(jb.plan.threads, p->B * p->Hk, split_keys, &jb);
-    if (jb.vparts) attnx_parallel_items(jb.plan.threads, p->B * p->Hk, split_values, &jb);
-    attnx_parallel_items(jb.plan.threads, jb.plan.n_items, run_item, &jb);
+    if (!jb.kparts) {
+        attnx_parallel_items(jb.plan.threads, jb.plan.n_items, run_item, &jb);
+    } else { /* a group of heads at a time: split, then their items */
+        const int64_t heads = p->B * p->Hk, per_head = jb.plan.n_items / heads;
+        for (jb.head0 = 0; jb.head0 < heads; jb.head0 += jb.plan.split_heads) {
+            const int64_t n = min64(jb.plan.split_heads, heads - jb.head0);
+            attnx_parallel_items(jb.plan.threads, n, split_head, &jb);
+            jb.item0 = jb.head0 * per_head;
+            attnx_parallel_items(jb.plan.threads, n * per_head, run_group_item, &jb);
+        }
+    }
     if (jb.plan.nsplit > 1) attnx_merge_partials(&jb);
     free_scratch(&jb, jb.plan.threads);
     return ATTNX_OK;

@@ -13,24 +13,25 @@ float *attnx_alloc_floats(size_t n)
     return aligned_alloc(64, bytes ? bytes : 64);
 }
 
-/* The calling thread's buffer, kept between calls and freed when the thread
- * exits. */
+/* The calling thread's buffers, one a use (attnx_caller_use), kept between
+ * calls and freed when the thread exits. */
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 typedef struct {
-    float *buf;
-    size_t cap;
+    float *buf[ATTNX_CALLER_USES];
+    size_t cap[ATTNX_CALLER_USES];
 } cache;
 
 static void cache_free(void *c)
 {
-    if (c) free(((cache *)c)->buf);
+    if (c)
+        for (int u = 0; u < ATTNX_CALLER_USES; u++) free(((cache *)c)->buf[u]);
     free(c);
 }
 
 static void cache_init(void) { (void)pthread_key_create(&cache_key, cache_free); }
 
-static float *caller_buffer(size_t n)
+float *attnx_caller_buffer(attnx_caller_use use, size_t n)
 {
     pthread_once(&cache_once, cache_init);
     cache *c = pthread_getspecific(cache_key);
@@ -41,19 +42,19 @@ static float *caller_buffer(size_t n)
             return NULL;
         }
     }
-    if (c->cap < n) {
+    if (c->cap[use] < n) {
         float *b = attnx_alloc_floats(n);
         if (!b) return NULL;
-        free(c->buf);
-        c->buf = b;
-        c->cap = n;
+        free(c->buf[use]);
+        c->buf[use] = b;
+        c->cap[use] = n;
     }
-    return c->buf;
+    return c->buf[use];
 }
 
 float *attnx_scratch_take(int tid, size_t n)
 {
-    return tid == 0 ? caller_buffer(n) : attnx_alloc_floats(n);
+    return tid == 0 ? attnx_caller_buffer(ATTNX_CALLER_SCRATCH, n) : attnx_alloc_floats(n);
 }
 
 void attnx_scratch_give_back(int tid, float *buf)
