@@ -94,6 +94,72 @@ static inline __m512 high8(__m512 x)
     return _mm512_sub_ps(c, _mm512_sub_ps(c, x));
 }
 
+/* The register blocking every kernel here shares: C in tiles 0-3, tile
+ * 2r + c holding row block r < nr and column block c < nc (nr, nc in
+ * {1, 2}, blocks of 16 rows and 16 float32 columns); A's row blocks in
+ * tiles 4-5, B's column blocks in 6-7. */
+
+/* C's tiles from c, rows ld floats apart. */
+static inline void c_load(int nr, int nc, const float *c, int64_t ld)
+{
+    const int64_t stride = ld * (int64_t)sizeof *c;
+    _tile_loadd(0, c, stride);
+    if (nc == 2) _tile_loadd(1, c + TILE, stride);
+    if (nr == 2) _tile_loadd(2, c + TILE * ld, stride);
+    if (nr == 2 && nc == 2) _tile_loadd(3, c + TILE * ld + TILE, stride);
+}
+
+static inline void c_store(int nr, int nc, float *c, int64_t ld)
+{
+    const int64_t stride = ld * (int64_t)sizeof *c;
+    _tile_stored(0, c, stride);
+    if (nc == 2) _tile_stored(1, c + TILE, stride);
+    if (nr == 2) _tile_stored(2, c + TILE * ld, stride);
+    if (nr == 2 && nc == 2) _tile_stored(3, c + TILE * ld + TILE, stride);
+}
+
+static inline void c_zero(void)
+{
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
+/* A's row blocks from a, rows `stride` bytes apart (the second 16 rows on). */
+static inline void a_load(int nr, const void *a, int64_t stride)
+{
+    _tile_loadd(4, a, stride);
+    if (nr == 2) _tile_loadd(5, (const char *)a + TILE * stride, stride);
+}
+
+/* B's column blocks from b, rows `stride` bytes apart (the second 64 bytes
+ * on), and C += A · B. */
+static inline void b_multiply(int nr, int nc, const void *b, int64_t stride)
+{
+    _tile_loadd(6, b, stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if (nc == 2) {
+        _tile_loadd(7, (const char *)b + 64, stride);
+        _tile_dpbf16ps(1, 4, 7);
+    }
+    if (nr == 2) {
+        _tile_dpbf16ps(2, 5, 6);
+        if (nc == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+}
+
+/* acct[d][i] *= alpha[i] for d < Dv, i < 16 nqv: the first step of P·V. */
+static void rescale(const float *alpha, float *acct, int64_t ldq, int64_t Dv, int nqv)
+{
+    for (int64_t d = 0; d < Dv; d++)
+        for (int c = 0; c < nqv; c++) {
+            float *a = acct + d * ldq + c * TILE;
+            _mm512_storeu_ps(a,
+                             _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), _mm512_loadu_ps(a)));
+        }
+}
+
 /* Scores of (16 * nkb) keys x (16 * nqb) queries, nkb, nqb in {1, 2}, over
  * D (a multiple of 32) dims: C[kb][qb] in tile 2 kb + qb.
  * qt2: (D/2, ldq) pairs  k: (16 nkb, D) rows k_sl apart  st: (16 nkb, ldq) */
@@ -102,24 +168,10 @@ static void block(int nkb, int nqb, const uint32_t *qt2, int64_t ldq, const uint
 {
     const int64_t a_stride = k_sl * (int64_t)sizeof *k, b_stride = ldq * (int64_t)sizeof *qt2;
     const int64_t c_stride = ldq * (int64_t)sizeof *st;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    c_zero();
     for (int64_t d = 0; d < D; d += TILE_DIMS) {
-        const uint32_t *b = qt2 + d / 2 * ldq;
-        _tile_loadd(4, k + d, a_stride);
-        _tile_loadd(6, b, b_stride);
-        _tile_dpbf16ps(0, 4, 6);
-        if (nqb == 2) {
-            _tile_loadd(7, b + TILE, b_stride);
-            _tile_dpbf16ps(1, 4, 7);
-        }
-        if (nkb == 2) {
-            _tile_loadd(5, k + TILE * k_sl + d, a_stride);
-            _tile_dpbf16ps(2, 5, 6);
-            if (nqb == 2) _tile_dpbf16ps(3, 5, 7);
-        }
+        a_load(nkb, k + d, a_stride);
+        b_multiply(nkb, nqb, qt2 + d / 2 * ldq, b_stride);
     }
     /* tile t into p, then scaled while its rows are in L1 */
 #define STORE_SCALED(t, p)            \
@@ -263,33 +315,13 @@ static void pv_block(int ndb, int nqb, const uint16_t *vt, const uint32_t *parts
 {
     const int64_t a_stride = ATTNX_BK * (int64_t)sizeof *vt;
     const int64_t b_stride = PART_LD * (int64_t)sizeof *parts;
-    const int64_t c_stride = ldq * (int64_t)sizeof *acct;
-    float *acct1 = acct + TILE * ldq;
-    _tile_loadd(0, acct, c_stride);
-    if (nqb == 2) _tile_loadd(1, acct + TILE, c_stride);
-    if (ndb == 2) _tile_loadd(2, acct1, c_stride);
-    if (ndb == 2 && nqb == 2) _tile_loadd(3, acct1 + TILE, c_stride);
+    c_load(ndb, nqb, acct, ldq);
     for (int s = 0; s < steps; s++) {
-        _tile_loadd(4, vt + s * TILE_DIMS, a_stride);
-        if (ndb == 2) _tile_loadd(5, vt + TILE * ATTNX_BK + s * TILE_DIMS, a_stride);
-        for (int t = 0; t < PARTS; t++) {
-            const uint32_t *b = parts + t * PART_FLOATS + s * TILE * PART_LD;
-            _tile_loadd(6, b, b_stride);
-            _tile_dpbf16ps(0, 4, 6);
-            if (nqb == 2) {
-                _tile_loadd(7, b + TILE, b_stride);
-                _tile_dpbf16ps(1, 4, 7);
-            }
-            if (ndb == 2) {
-                _tile_dpbf16ps(2, 5, 6);
-                if (nqb == 2) _tile_dpbf16ps(3, 5, 7);
-            }
-        }
+        a_load(ndb, vt + s * TILE_DIMS, a_stride);
+        for (int t = 0; t < PARTS; t++)
+            b_multiply(ndb, nqb, parts + t * PART_FLOATS + s * TILE * PART_LD, b_stride);
     }
-    _tile_stored(0, acct, c_stride);
-    if (nqb == 2) _tile_stored(1, acct + TILE, c_stride);
-    if (ndb == 2) _tile_stored(2, acct1, c_stride);
-    if (ndb == 2 && nqb == 2) _tile_stored(3, acct1 + TILE, c_stride);
+    c_store(ndb, nqb, acct, ldq);
 }
 
 /* The tile in FMAs, key by key (a value is inf or NaN): after the rescale,
@@ -317,13 +349,7 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
     uint32_t *parts = (uint32_t *)work;
     uint16_t *vt = (uint16_t *)(work + PARTS * PART_FLOATS);
     const int special = transpose_values(v, v_sl, nk, Dv, vt);
-    if (alpha) /* alpha[i] * acct[d][i], as the reference's first step */
-        for (int64_t d = 0; d < Dv; d++)
-            for (int c = 0; c < nqv; c++) {
-                float *a = acct + d * ldq + c * TILE;
-                _mm512_storeu_ps(
-                    a, _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), _mm512_loadu_ps(a)));
-            }
+    if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
     if (special) {
         pv_fmas(pt, ldq, nqv, v, v_sl, nk, Dv, acct);
         return;
@@ -426,34 +452,15 @@ static void split_block(int nkb, int nqb, const uint32_t *qp, int64_t ldq, const
                         int64_t kp_part, int64_t Dp, float *st)
 {
     const int64_t a_stride = Dp * (int64_t)sizeof *kp, b_stride = ldq * (int64_t)sizeof *qp;
-    const int64_t c_stride = ldq * (int64_t)sizeof *st, q_part = Dp / 2 * ldq;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    const int64_t q_part = Dp / 2 * ldq;
+    c_zero();
     for (int64_t d = 0; d < Dp; d += TILE_DIMS)
         for (int b = 2; b >= 0; b--) { /* part b of the keys, a of the queries */
-            const uint16_t *k = kp + b * kp_part + d;
-            _tile_loadd(4, k, a_stride);
-            if (nkb == 2) _tile_loadd(5, k + TILE * Dp, a_stride);
-            for (int a = 2 - b; a >= 0; a--) {
-                const uint32_t *q = qp + a * q_part + d / 2 * ldq;
-                _tile_loadd(6, q, b_stride);
-                _tile_dpbf16ps(0, 4, 6);
-                if (nqb == 2) {
-                    _tile_loadd(7, q + TILE, b_stride);
-                    _tile_dpbf16ps(1, 4, 7);
-                }
-                if (nkb == 2) {
-                    _tile_dpbf16ps(2, 5, 6);
-                    if (nqb == 2) _tile_dpbf16ps(3, 5, 7);
-                }
-            }
+            a_load(nkb, kp + b * kp_part + d, a_stride);
+            for (int a = 2 - b; a >= 0; a--)
+                b_multiply(nkb, nqb, qp + a * q_part + d / 2 * ldq, b_stride);
         }
-    _tile_stored(0, st, c_stride);
-    if (nqb == 2) _tile_stored(1, st + TILE, c_stride);
-    if (nkb == 2) _tile_stored(2, st + TILE * ldq, c_stride);
-    if (nkb == 2 && nqb == 2) _tile_stored(3, st + TILE * ldq + TILE, c_stride);
+    c_store(nkb, nqb, st, ldq);
 }
 
 // qp: (3, Dp/2, ldq) pairs  kp: (3, ., Dp) rows, part b at kp + b*kp_part  st: (round16(nk), ldq)
@@ -484,35 +491,14 @@ static void pv_split_block(int ndb, int nqb, const uint16_t *vt, int64_t ldv, in
 {
     const int64_t a_stride = ldv * (int64_t)sizeof *vt;
     const int64_t b_stride = PART_LD * (int64_t)sizeof *parts;
-    const int64_t c_stride = ldq * (int64_t)sizeof *acct;
-    float *acct1 = acct + TILE * ldq;
-    _tile_loadd(0, acct, c_stride);
-    if (nqb == 2) _tile_loadd(1, acct + TILE, c_stride);
-    if (ndb == 2) _tile_loadd(2, acct1, c_stride);
-    if (ndb == 2 && nqb == 2) _tile_loadd(3, acct1 + TILE, c_stride);
+    c_load(ndb, nqb, acct, ldq);
     for (int s = 0; s < steps; s++)
         for (int b = 2; b >= 0; b--) { /* part b of the values, a of P */
-            const uint16_t *v = vt + b * vpart + s * TILE_DIMS;
-            _tile_loadd(4, v, a_stride);
-            if (ndb == 2) _tile_loadd(5, v + TILE * ldv, a_stride);
-            for (int a = 2 - b; a >= 0; a--) {
-                const uint32_t *p = parts + a * PART_FLOATS + s * TILE * PART_LD;
-                _tile_loadd(6, p, b_stride);
-                _tile_dpbf16ps(0, 4, 6);
-                if (nqb == 2) {
-                    _tile_loadd(7, p + TILE, b_stride);
-                    _tile_dpbf16ps(1, 4, 7);
-                }
-                if (ndb == 2) {
-                    _tile_dpbf16ps(2, 5, 6);
-                    if (nqb == 2) _tile_dpbf16ps(3, 5, 7);
-                }
-            }
+            a_load(ndb, vt + b * vpart + s * TILE_DIMS, a_stride);
+            for (int a = 2 - b; a >= 0; a--)
+                b_multiply(ndb, nqb, parts + a * PART_FLOATS + s * TILE * PART_LD, b_stride);
         }
-    _tile_stored(0, acct, c_stride);
-    if (nqb == 2) _tile_stored(1, acct + TILE, c_stride);
-    if (ndb == 2) _tile_stored(2, acct1, c_stride);
-    if (ndb == 2 && nqb == 2) _tile_stored(3, acct1 + TILE, c_stride);
+    c_store(ndb, nqb, acct, ldq);
 }
 
 // pt: (nk, ldq)  vt: (3, Dv, ldv) parts, part stride vpart  acct: (Dv, ldq)  work:
@@ -523,13 +509,7 @@ void attnx_pv_split_amx(const float *pt, int64_t ldq, int nq, const uint16_t *vt
 {
     const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
     uint32_t *parts = (uint32_t *)work;
-    if (alpha) /* alpha[i] * acct[d][i], as the reference's first step */
-        for (int64_t d = 0; d < Dv; d++)
-            for (int c = 0; c < nqv; c++) {
-                float *a = acct + d * ldq + c * TILE;
-                _mm512_storeu_ps(
-                    a, _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), _mm512_loadu_ps(a)));
-            }
+    if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
     if (nk <= 0) return;
     const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
     amx_config saved;
