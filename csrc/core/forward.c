@@ -66,14 +66,15 @@ static attnx_status alloc_scratch(fwd_job *jb)
     if (jb->plan.kparts) { /* the key parts, then the value parts: the caller's buffer */
         const size_t values = (jb->plan.kparts + jb->plan.vparts + 1) / 2;
         float *parts = attnx_caller_buffer(ATTNX_CALLER_PARTS, values);
-        jb->kspecial = calloc((size_t)jb->plan.split_heads, 2);
-        if (!parts || !jb->kspecial) {
-            free_scratch(jb, 0);
-            return ATTNX_ERR_NOMEM;
+        jb->kspecial = parts ? calloc((size_t)jb->plan.split_heads, 2) : NULL;
+        if (jb->kspecial) {
+            jb->kparts = (uint16_t *)parts;
+            jb->vparts = jb->plan.vparts ? jb->kparts + jb->plan.kparts : NULL;
+            jb->vspecial = jb->kspecial + jb->plan.split_heads;
+        } else { /* no memory for the parts: the FMAs, which need none */
+            jb->run.split_dp = 0;
+            jb->run.split_pv = 0;
         }
-        jb->kparts = (uint16_t *)parts;
-        jb->vparts = jb->plan.vparts ? jb->kparts + jb->plan.kparts : NULL;
-        jb->vspecial = jb->kspecial + jb->plan.split_heads;
     }
     if (!(jb->scr = calloc((size_t)nt, sizeof(fwd_scratch)))) {
         free_scratch(jb, 0);
