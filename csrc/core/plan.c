@@ -18,10 +18,11 @@ attnx_run attnx_run_of(const attnx_problem *p)
     r.pv_tiles = r.bf16_dots && r.kt->pv_bf16 && p->Dv % 16 == 0;
     /* float32 keys and values met by 12 query blocks or more (of the G
      * heads of a group): splitting them costs about a third of one block's
-     * tile products, and the other thread reads the parts one thread wrote
-     * from its cache. On the Xeon with AMX, 2 threads, H=8 D=64 (the C core,
-     * against ATTNX_BF16_DOTS=none): L=256 0.80x, 384 0.90-0.95x, 512
-     * 0.94-0.99x, 768 1.07-1.20x, 1024 1.10x, 4096 1.07-1.15x */
+     * tile products, and with two threads the split loses more than with one
+     * (L=256: 1.0x on one, likely the other core reading parts from the
+     * cache of the core that wrote them). On the Xeon with AMX, 2 threads, H=8 D=64 (the C core,
+     * against ATTNX_BF16_DOTS=none): L=256 0.77-0.81x, 384 0.89-0.95x, 512
+     * 0.94-0.99x, 768 1.07-1.20x, 1024 1.10-1.12x, 4096 1.07-1.16x */
     const int64_t meet = p->Hk ? p->Hq / p->Hk * ((p->Lq + BQ - 1) / BQ) : 0;
     r.split_dp = r.kt->qk_split && !r.bf16_dots && r.post_scale == 1.0f && p->D > 0 &&
                          p->Lq > r.kt->dot_max_nq && meet >= 12
