@@ -4,7 +4,9 @@
  * REPS=n overrides the number of calls (default: ~30 GFLOP of work).
  * BF16=1: the values are bfloat16 values, and calls on float32 arrays
  * alternate with calls on bfloat16 ones (q flagged q_bf16, k and v as
- * 16-bit k16, v16): the best of each and their ratio. */
+ * 16-bit k16, v16): the best of each and their ratio.
+ * BWD=1: attnx_backward() instead, on the forward's output and lse and a
+ * random upstream gradient (10·L²·D flops a head). */
 #include "attnx.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +62,21 @@ int main(int argc, char **argv)
                              .scale = 1.0f / sqrtf(D),
                              .num_threads = T,
                              .causal = causal};
-    double best = 1e30, fl = 4.0 * H * L * (double)L * D / (causal ? 2 : 1);
+    const int bwd = getenv("BWD") && atoi(getenv("BWD"));
+    float *lse = malloc(4 * (size_t)H * L), *dout = malloc(4 * n), *dq = malloc(4 * n),
+          *dk = malloc(4 * n), *dv = malloc(4 * n);
+    for (size_t i = 0; i < n; i++) dout[i] = (float)rand() / RAND_MAX - .5f;
+    attnx_problem pl = p;
+    pl.lse = (attnx_out_tensor){lse, (int64_t)H * L, L, 1};
+    attnx_forward(&pl);
+    const attnx_grad_problem g = {.f = p,
+                                  .o = {o, n, (int64_t)L * D, D},
+                                  .dout = {dout, n, (int64_t)L * D, D},
+                                  .lse = {lse, (int64_t)H * L, L, 1},
+                                  .dq = {dq, n, (int64_t)L * D, D},
+                                  .dk = {dk, n, (int64_t)L * D, D},
+                                  .dv = {dv, n, (int64_t)L * D, D}};
+    double best = 1e30, fl = (bwd ? 10.0 : 4.0) * H * L * (double)L * D / (causal ? 2 : 1);
     int reps = (int)(3e10 / fl * 1.0);
     if (getenv("REPS")) reps = atoi(getenv("REPS"));
     if (reps < 5) reps = 5;
@@ -73,7 +89,10 @@ int main(int argc, char **argv)
     double best16 = 1e30;
     for (int r = 0; r < reps; r++) {
         double t = now();
-        attnx_forward(&p);
+        if (bwd)
+            attnx_backward(&g);
+        else
+            attnx_forward(&p);
         t = now() - t;
         if (t < best) best = t;
         if (!bf16) continue;
@@ -82,7 +101,7 @@ int main(int argc, char **argv)
         t = now() - t;
         if (t < best16) best16 = t;
     }
-    printf("L=%d D=%d H=%d T=%d causal=%d: best %.1f us  %.1f GFLOP/s\n", L, D, H, T, causal,
+    printf("%sL=%d D=%d H=%d T=%d causal=%d: best %.1f us  %.1f GFLOP/s\n", bwd ? "backward " : "", L, D, H, T, causal,
            best * 1e6, fl / best / 1e9);
     if (bf16)
         printf("  bfloat16 (bf16 dots: %s): best %.1f us  %.1f GFLOP/s  %.2fx float32\n",

@@ -2,7 +2,7 @@
 # Kernel-level microbenchmarks of the C core (no Python), for tuning:
 #   tools/microbench/run.sh peak                 FP32 FMA peak of each core
 #   tools/microbench/run.sh tiles D [2]          tile kernels on one tile (2: AVX2)
-#   tools/microbench/run.sh forward L D T H [c]  the whole forward pass
+#   tools/microbench/run.sh forward L D T H [c]  the whole forward pass (BWD=1: backward)
 #   tools/microbench/run.sh tile-decode D NQ [kind]  the decoding tile (kind 0/1/2: f32/f16/bf16)
 #   tools/microbench/run.sh decode Hk G Lk D T   decoding (G query rows a KV head), GB/s
 #   tools/microbench/run.sh read BYTES T         read bandwidth of T threads (the roofline)
