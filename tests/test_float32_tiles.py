@@ -6,7 +6,12 @@ prefill, not decoding). The result is float32-exact
 (within the float32 tolerances of the float64 reference), not the FMA path's
 bits. ATTNX_BF16_DOTS=none keeps the FMAs. Inputs the split cannot take
 (|x| >= 2^100, inf, NaN) and a scale above 1 keep the FMAs: their bits are
-the FMA path's."""
+the FMA path's.
+
+The backward takes the same split for its two score-like products, S = Q·Kᵀ
+and dP = dO·Vᵀ, where D and Dv are 33 to 64 and a key tile meets 2 query
+blocks, a slice of at most 512 keys at a time (plan.c); not with a mask's
+gradient."""
 from __future__ import annotations
 
 import json
@@ -38,14 +43,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_float32_is_exact_on_every_path(isa, rng, case):
+def inputs(rng, case):
+    """q, k, v and the options of a case, "mask": "bool" made a random mask."""
     B, Hq, Hk, Lq, Lk, D, Dv, kw = case
     q, k, v = randn(rng, (B, Hq, Lq, D)), randn(rng, (B, Hk, Lk, D)), randn(rng, (B, Hk, Lk, Dv))
     kw = dict(kw)
-    if kw.get("mask") == "bool":
+    if kw.pop("mask", None) == "bool":
         kw["attn_mask"] = random_bool_mask(rng, (B, 1, Lq, Lk))
-        del kw["mask"]
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_float32_is_exact_on_every_path(isa, rng, case):
+    q, k, v, kw = inputs(rng, case)
     out = attnx.scaled_dot_product_attention(q, k, v, **kw)
     want = attnx.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), **kw)
     if kw.get("need_weights"):
@@ -113,3 +123,101 @@ def test_the_tiles_take_prefill_and_leave_the_rest(tmp_path):
             assert tiles[name].tobytes() != fmas[name].tobytes(), name
             np.testing.assert_allclose(tiles[name], fmas[name], rtol=1e-5, atol=1e-6,
                                        err_msg=name)
+
+
+GATOL, GRTOL = 1.25e-5, 5.25e-6   # test_grad.py's: PyTorch's float32 SDPA gradient tolerances
+
+# (B, Hq, Hk, Lq, Lk, D, Dv, options): the backward's split (D, Dv in 33..64)
+# over one and several slices of 512 keys, ranges of keys split across
+# threads (one head), GQA, causal, a window, a softcap, a bool mask, D and
+# Dv short of 64; and D=128, which keeps the FMAs
+BACKWARD_CASES = [
+    (1, 2, 2, 300, 200, 64, 64, {}),
+    (1, 4, 4, 200, 1100, 64, 64, {}),
+    (1, 1, 1, 700, 1500, 64, 64, {"is_causal": True}),
+    (2, 8, 2, 100, 600, 64, 48, {"enable_gqa": True}),
+    (1, 2, 2, 600, 600, 47, 40, {"window": (100, 20)}),
+    (1, 2, 2, 300, 300, 64, 64, {"softcap": 5.0}),
+    (1, 3, 3, 260, 129, 64, 64, {"mask": "bool"}),
+    (1, 2, 2, 300, 300, 128, 128, {}),
+]
+
+
+def _backward_close(rng, q, k, v, kw):
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, **kw)
+    dout = randn(rng, out.shape)
+    got = vjp(dout)
+    ref = attnx.reference_backward(dout, q, k, v, **kw)
+    for name in ("query", "key", "value"):
+        assert_close(getattr(got, name), getattr(ref, name), GATOL, GRTOL, err_msg=name)
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=[str(i) for i in range(len(BACKWARD_CASES))])
+def test_backward_float32_is_exact_on_every_path(isa, rng, case):
+    _backward_close(rng, *inputs(rng, case))
+
+
+@pytest.mark.parametrize("where", ["key", "value"])
+def test_backward_values_the_split_cannot_take(isa, rng, where):
+    """A key (or value) of 2^115 in one head: 65537·x overflows, so a split
+    of it would be inf and NaN; its item's S (or dP) takes the FMAs, and the
+    gradients stay finite and near the float64 oracle's. (Against the
+    largest element: the sums with a 2^115 term cancel, and float32 on any
+    path loses relative accuracy in the small ones.)"""
+    q, k, v = randn(rng, (1, 2, 300, 64)), randn(rng, (1, 2, 300, 64)), randn(rng, (1, 2, 300, 64))
+    if where == "key":
+        k[0, 1, 7, 3] = 2.0 ** 115
+        q *= 2.0 ** -120     # scores stay small, so the gradients stay finite
+    else:
+        v[0, 1, 9, 2] = 2.0 ** 115
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v)
+    dout = randn(rng, out.shape)
+    got, ref = vjp(dout), attnx.reference_backward(dout, q, k, v)
+    for name in ("query", "key", "value"):
+        g, r = getattr(got, name).astype(np.float64), getattr(ref, name)
+        assert np.isfinite(g).all(), name
+        assert np.abs(g - r).max() <= 1e-5 * np.abs(r).max(), name
+
+
+_RUN_BACKWARD = """
+import sys
+import numpy as np, attnx
+rng = np.random.default_rng(12)
+def r(*s):
+    return rng.standard_normal(s).astype(np.float32)
+def grads(q, k, v, **kw):
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, **kw)
+    g = vjp(r(*out.shape))
+    return np.concatenate([g.query.ravel(), g.key.ravel(), g.value.ravel()])
+out = {}
+q, k, v = r(1, 2, 300, 64), r(1, 2, 300, 64), r(1, 2, 300, 64)
+out["D=64"] = grads(q, k, v)
+out["D=128"] = grads(r(1, 2, 300, 128), r(1, 2, 300, 128), r(1, 2, 300, 128))
+out["float mask"] = grads(q, k, v, attn_mask=r(1, 1, 300, 300))
+out["one query block"] = grads(q[:, :1, :64], k[:, :1], v[:, :1])
+np.savez(sys.argv[1], **out)
+"""
+
+
+def test_the_backward_takes_the_tiles_where_planned(tmp_path):
+    """With AMX, D=64's gradients come from tiles (other bits than the
+    FMAs'); D=128, a float mask (whose gradient needs dS the FMA way) and a
+    key tile met by one query block keep the FMAs' bits."""
+    if "avx512" not in _attnx.available_isas():
+        pytest.skip("no AVX-512")
+    env = dict(os.environ, ATTNX_ISA="avx512")
+    env.pop("ATTNX_BF16_DOTS", None)
+    runs = {}
+    for dots in (None, "none"):
+        run_env = dict(env, **({"ATTNX_BF16_DOTS": dots} if dots else {}))
+        path = tmp_path / f"{dots}.npz"
+        subprocess.run([sys.executable, "-c", _RUN_BACKWARD, str(path)], env=run_env, check=True)
+        runs[dots] = dict(np.load(path))
+    with_amx = _attnx.bf16_dots() == "amx" and os.environ.get("ATTNX_BF16_DOTS") in (None, "amx")
+    for name, fmas in runs["none"].items():
+        tiles = runs[None][name]
+        if with_amx and name == "D=64":
+            assert tiles.tobytes() != fmas.tobytes(), name
+            np.testing.assert_allclose(tiles, fmas, rtol=1e-4, atol=1e-5, err_msg=name)
+        else:
+            assert tiles.tobytes() == fmas.tobytes(), name

@@ -92,26 +92,47 @@ static void add_mask_grad(const attnx_mask_grad *dm, const float *dpt, int64_t b
     }
 }
 
+/* Which of a tile's score-like products take kt->qk_split (float32 on AMX
+ * tiles, plan.split_dp): S from the block's split queries and the item's
+ * split keys, dP from its split upstream gradient and values. Each falls
+ * back to the FMAs where the split cannot take a value (|x| >= 2^100, inf,
+ * NaN): per item for the keys and values, per block for the queries and dO. */
+typedef struct {
+    int scores, dp;
+    int64_t kbeg; /* the slice's first key: row 0 of s->kparts and s->vparts */
+} tile_split;
+
+static const tile_split no_split = {0, 0, 0};
+
 /* dS of a tile into s->dpt (transposed, (BK, BQ)), from the packed block of
  * head (b, h): S, P = exp(S - lse), dP = dO Vᵀ, dS = P ∘ (dP - D). P stays in
  * s->st. */
-static void tile_ds(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t h, int64_t i0,
-                    int nq, int64_t j0, int nk)
+static void tile_ds(const bwd_job *bj, const bwd_scratch *s, const tile_split *sp, int64_t b,
+                    int64_t h, int64_t i0, int nq, int64_t j0, int nk)
 {
     const attnx_problem *p = bj->run.p;
     const attnx_kernels *kt = bj->run.kt;
-    const int64_t hk = h / bj->plan.group;
-    const float *k = at_in(&p->k, b, hk, j0), *v = at_in(&p->v, b, hk, j0);
-    attnx_score_tile(&bj->run, s->qt, 0, k, p->k.sl, b, h, i0, nq, j0, nk, s->st, /* S */
-                     s->capped);
+    const int64_t hk = h / bj->plan.group, dp = bj->plan.split_dp, dpv = bj->plan.split_dpv;
+    const int64_t rows = bj->plan.kslice + 16, row = j0 - sp->kbeg;
+    if (sp->scores) { /* S */
+        kt->qk_split(s->qparts, BQ, nq, s->kparts + row * dp, rows * dp, nk, dp, s->st);
+        attnx_finish_tile(&bj->run, 0, b, h, i0, nq, j0, nk, s->st, s->capped, 0);
+    } else {
+        attnx_score_tile(&bj->run, s->qt, 0, at_in(&p->k, b, hk, j0), p->k.sl, b, h, i0, nq, j0, nk,
+                         s->st, s->capped);
+    }
     kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones); /* P */
-    kt->qk(s->dot, BQ, nq, v, p->v.sl, nk, p->Dv, s->dpt); /* dP */
+    if (sp->dp)                                            /* dP */
+        kt->qk_split(s->oparts, BQ, nq, s->vparts + row * dpv, rows * dpv, nk, dpv, s->dpt);
+    else
+        kt->qk(s->dot, BQ, nq, at_in(&p->v, b, hk, j0), p->v.sl, nk, p->Dv, s->dpt);
 }
 
 /* One tile: keys j0 .. j0+nk-1 against the packed block of queries
  * i0 .. i0+nq-1 of head (b, h); dm: where the mask's gradient goes, or NULL. */
-static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_grad *dm, int64_t b,
-                     int64_t h, int64_t i0, int nq, int64_t j0, int nk)
+static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const tile_split *sp,
+                     const attnx_mask_grad *dm, int64_t b, int64_t h, int64_t i0, int nq,
+                     int64_t j0, int nk)
 {
     const attnx_problem *p = bj->run.p;
     const attnx_grad_problem *g = bj->g;
@@ -120,7 +141,7 @@ static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_g
     const float *k = at_in(&p->k, b, hk, j0);
     const float *q = at_in(&p->q, b, h, i0), *dout = at_in(&g->dout, b, h, i0);
 
-    tile_ds(bj, s, b, h, i0, nq, j0, nk);                                      /* P, dP */
+    tile_ds(bj, s, sp, b, h, i0, nq, j0, nk);                                  /* P, dP */
     kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv, at(&g->dv, b, hk, j0), /* dV += Pᵀ dO */
             g->dv.sl);
     kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec); /* dS */
@@ -133,16 +154,20 @@ static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_g
 }
 
 /* A block's queries packed, its upstream gradient packed, its lse and
- * D = rowsum(dO ∘ O); the dQ accumulator zeroed. */
-static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t h,
-                            int64_t i0, int nq)
+ * D = rowsum(dO ∘ O); the dQ accumulator zeroed. With *sp's split products,
+ * the queries and dO split too (sp's flags cleared where they cannot be). */
+static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, tile_split *sp, int64_t b,
+                            int64_t h, int64_t i0, int nq)
 {
     const attnx_problem *p = bj->run.p;
     const attnx_grad_problem *g = bj->g;
+    const attnx_kernels *kt = bj->run.kt;
     const float *dout = at_in(&g->dout, b, h, i0), *o = at_in(&g->o, b, h, i0);
-    attnx_pack_rows_t(bj->run.kt, at_in(&p->q, b, h, i0), p->q.sl, nq, p->D, bj->run.pre_scale,
-                      s->qt);
-    attnx_pack_rows_t(bj->run.kt, dout, g->dout.sl, nq, p->Dv, 1.0f, s->dot);
+    attnx_pack_rows_t(kt, at_in(&p->q, b, h, i0), p->q.sl, nq, p->D, bj->run.pre_scale, s->qt);
+    attnx_pack_rows_t(kt, dout, g->dout.sl, nq, p->Dv, 1.0f, s->dot);
+    const int64_t dp = bj->plan.split_dp, dpv = bj->plan.split_dpv;
+    if (sp->scores) sp->scores = !kt->split_pairs(s->qt, BQ, nq, p->D, dp, s->qparts, dp / 2 * BQ);
+    if (sp->dp) sp->dp = !kt->split_pairs(s->dot, BQ, nq, p->Dv, dpv, s->oparts, dpv / 2 * BQ);
     for (int i = 0; i < BQ; i++) {
         float d = 0.0f;
         if (i < nq)
@@ -155,9 +180,11 @@ static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, int64_t b, 
 }
 
 /* Queries i0 .. i0+rows-1 of head (b, h) against keys [kbeg, kstop): their
- * contribution to dK and dV, and their dQ rows (scaled) written to dq. */
-static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_grad *dm, int64_t b,
-                      int64_t h, int64_t i0, int64_t kbeg, int64_t kstop, float *dq, int64_t dq_sl)
+ * contribution to dK and dV, and their dQ rows (scaled) written to dq, or
+ * added to it after the first slice of an item's keys. */
+static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const tile_split *slice_split,
+                      const attnx_mask_grad *dm, int64_t b, int64_t h, int64_t i0, int64_t kbeg,
+                      int64_t kstop, int first, float *dq, int64_t dq_sl)
 {
     const attnx_problem *p = bj->run.p;
     const head_bounds hb = bounds_of(p, b, h);
@@ -165,14 +192,16 @@ static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const attnx_mask_
     const int nq = rows_attending(&hb, i0, rows);
     const int64_t kend = min64(kstop, keys_end(&hb, i0, nq));
     const int64_t kfrom = max64(kbeg, keys_begin(&hb, i0));
-    for (int i = 0; i < rows; i++) memset(dq + i * dq_sl, 0, sizeof(float) * (size_t)p->D);
+    if (first)
+        for (int i = 0; i < rows; i++) memset(dq + i * dq_sl, 0, sizeof(float) * (size_t)p->D);
     if (nq == 0 || kfrom >= kend) return;
-    bwd_start_block(bj, s, b, h, i0, nq);
+    tile_split sp = *slice_split;
+    bwd_start_block(bj, s, &sp, b, h, i0, nq);
     for (int64_t j0 = kfrom; j0 < kend; j0 += BK)
-        bwd_tile(bj, s, dm, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
+        bwd_tile(bj, s, &sp, dm, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
     for (int i = 0; i < nq; i++)
         for (int64_t e = 0; e < p->D; e++)
-            dq[i * dq_sl + e] = p->scale * s->dqacc[i * bj->plan.ldqa + e];
+            dq[i * dq_sl + e] += p->scale * s->dqacc[i * bj->plan.ldqa + e];
 }
 
 /* ---- the mask's gradient ------------------------------------------------------ */
@@ -237,10 +266,11 @@ static void mask_pass_group(const bwd_job *bj, const bwd_scratch *s, const attnx
             const int64_t j_from = max64(c0, keys_begin(&hb, i0)),
                           j_to = min64(c1, keys_end(&hb, i0, nq));
             if (nq == 0 || j_from >= j_to) continue;
-            bwd_start_block(bj, s, b, h, i0, nq);
+            tile_split none = no_split;
+            bwd_start_block(bj, s, &none, b, h, i0, nq);
             for (int64_t j0 = j_from; j0 < j_to; j0 += BK) {
                 const int nk = (int)min64(BK, j_to - j0);
-                tile_ds(bj, s, b, h, i0, nq, j0, nk);
+                tile_ds(bj, s, &none, b, h, i0, nq, j0, nk);
                 bj->run.kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec);
                 add_mask_grad(acc, s->dpt, 0, 0, i0 - i_from, nq, j0 - c0, nk);
             }
@@ -314,8 +344,32 @@ static void plan_mask_grad(bwd_job *bj)
     if (mg->size > MASK_COPIES_FLOATS / (size_t)mg->ncopies) mg->mode = MASK_GRAD_OWN_PASS;
 }
 
+/* The keys and values [c0, c1) of key/value head (b, hk) split into the
+ * thread's parts (rows past c1 zero), and which products may take them. */
+static void split_slice(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t hk, int64_t c0,
+                        int64_t c1, tile_split *sp)
+{
+    const attnx_problem *p = bj->run.p;
+    const attnx_kernels *kt = bj->run.kt;
+    const int64_t dp = bj->plan.split_dp, dpv = bj->plan.split_dpv, rows = bj->plan.kslice + 16;
+    const int n = (int)(c1 - c0); /* <= kslice */
+    sp->scores =
+        !kt->split_rows(at_in(&p->k, b, hk, c0), p->k.sl, n, p->D, s->kparts, rows * dp, dp);
+    sp->dp =
+        !kt->split_rows(at_in(&p->v, b, hk, c0), p->v.sl, n, p->Dv, s->vparts, rows * dpv, dpv);
+    /* a tile from an unaligned first key (a causal or window band) reads
+     * up to 15 rows past the slice's last 16 */
+    const int64_t done = ATTNX_ROUND16(n);
+    for (int a = 0; a < 3; a++) {
+        memset(s->kparts + (a * rows + done) * dp, 0,
+               sizeof *s->kparts * (size_t)((rows - done) * dp));
+        memset(s->vparts + (a * rows + done) * dpv, 0,
+               sizeof *s->vparts * (size_t)((rows - done) * dpv));
+    }
+}
+
 /* Item i: the keys [kbeg, kstop) of key/value head (b, hk), against every
- * query of its group. */
+ * query of its group, a slice of keys at a time. */
 static void bwd_item(void *arg, int tid, int64_t item)
 {
     const bwd_job *bj = arg;
@@ -331,16 +385,23 @@ static void bwd_item(void *arg, int tid, int64_t item)
         memset(at(&g->dk, b, hk, j), 0, sizeof(float) * (size_t)p->D);
         memset(at(&g->dv, b, hk, j), 0, sizeof(float) * (size_t)p->Dv);
     }
-    for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-        for (int64_t i0 = 0; i0 < p->Lq; i0 += BQ) {
-            if (bj->plan.nsplit == 1)
-                bwd_block(bj, s, with_mask ? &dm : NULL, b, h, i0, kbeg, kstop,
-                          at(&g->dq, b, h, i0), g->dq.sl);
-            else
-                bwd_block(bj, s, with_mask ? &dm : NULL, b, h, i0, kbeg, kstop,
-                          bj->partial + (((split * p->B + b) * p->Hq + h) * p->Lq + i0) * p->D,
-                          p->D);
-        }
+    /* one slice without split_dp; at least one, which zeroes dQ (Lk = 0) */
+    int64_t c0 = kbeg;
+    do {
+        const int64_t c1 = min64(kstop, c0 + bj->plan.kslice);
+        tile_split sp = {.kbeg = c0};
+        if (bj->plan.split_dp && c1 > c0) split_slice(bj, s, b, hk, c0, c1, &sp);
+        for (int64_t h = hk * group; h < (hk + 1) * group; h++)
+            for (int64_t i0 = 0; i0 < p->Lq; i0 += BQ) {
+                float *dq =
+                    bj->plan.nsplit == 1
+                        ? at(&g->dq, b, h, i0)
+                        : bj->partial + (((split * p->B + b) * p->Hq + h) * p->Lq + i0) * p->D;
+                bwd_block(bj, s, &sp, with_mask ? &dm : NULL, b, h, i0, c0, c1, c0 == kbeg, dq,
+                          bj->plan.nsplit == 1 ? g->dq.sl : p->D);
+            }
+        c0 = c1;
+    } while (c0 < kstop);
     for (int64_t j = kbeg; j < kstop; j++)
         for (int64_t e = 0; e < p->D; e++) at(&g->dk, b, hk, j)[e] *= p->scale;
 }
@@ -398,7 +459,7 @@ static attnx_status alloc_scratch(bwd_job *bj)
             free_scratch(bj, t);
             return ATTNX_ERR_NOMEM;
         }
-        bj->scr[t] = attnx_bwd_scratch_at(base, bj->run.p, bj->plan.ldqa);
+        bj->scr[t] = attnx_bwd_scratch_at(base, bj->run.p, &bj->plan);
     }
     return ATTNX_OK;
 }
@@ -408,7 +469,7 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
     attnx_status st = attnx_check_grad_problem(g, NULL);
     if (st != ATTNX_OK || g->f.B == 0 || g->f.Hk == 0) return st;
     bwd_job bj = {.run = attnx_run_of(&g->f), .g = g};
-    if ((st = attnx_plan_backward(&g->f, &bj.plan)) != ATTNX_OK) return st;
+    if ((st = attnx_plan_backward(&bj.run, g->dmask.data != NULL, &bj.plan)) != ATTNX_OK) return st;
     plan_mask_grad(&bj);
     if ((st = alloc_scratch(&bj)) != ATTNX_OK) return st;
     attnx_parallel_items(bj.plan.threads, bj.plan.n_items, bwd_item, &bj);

@@ -191,10 +191,21 @@ typedef struct {
     int64_t ldqa;    /* dQ accumulator rows: D rounded up to a whole vector */
     size_t scratch;  /* floats per thread (attnx_bwd_scratch_at) */
     size_t partial;  /* floats of the per-range dQ partials, 0 when nsplit is 1 */
+    /* float32 on tiles (AMX) for S = Q Kᵀ and dP = dO Vᵀ: D and Dv rounded up
+     * to 32, or 0 */
+    int64_t split_dp, split_dpv;
+    int64_t kslice; /* keys an item splits at a time, a multiple of BK; kchunk without split_dp */
 } bwd_plan;
 
+/* The backward splits an item's keys and values when each key tile meets
+ * at least this many query blocks, a slice of keys at a time whose tiles
+ * read and write about this many bytes. */
+#define BWD_SPLIT_MEET 2
+#define BWD_SLICE_BYTES ((size_t)1 << 20)
+
 attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan);
-attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan);
+int64_t attnx_split_dims(const attnx_run *r, int64_t min_meet);
+attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *plan);
 
 /* ---- scratch (scratch.c) ----------------------------------------------------
  * A forward item's working set, per thread; stays in cache:
@@ -216,6 +227,8 @@ typedef struct {
 
 /* A backward block's working set, per thread:
  *   qt (D, BQ) | dot (Dv, BQ) | st, dpt, capped (BK, BQ) | dqacc (BQ, ldqa) | lse, dvec, ones (BQ)
+ *   | with split_dp: qparts (3, split_dp/2, BQ) | oparts (3, split_dpv/2, BQ)
+ *                    | kparts (3, kslice + 16, split_dp) | vparts (3, kslice + 16, split_dpv)
  */
 typedef struct {
     float *qt;     /* (D, BQ)   queries, pre-scaled, transposed */
@@ -227,14 +240,19 @@ typedef struct {
     float *lse;    /* (BQ) the block's lse; +inf in padding lanes (P = 0 there) */
     float *dvec;   /* (BQ) D = rowsum(dO ∘ O) */
     float *ones;   /* (BQ) */
+    /* with split_dp, else NULL: the block's queries and upstream gradient
+     * split into bfloat16 pairs (kt->split_pairs), the item's keys and
+     * values into rows (kt->split_rows), for kt->qk_split */
+    uint32_t *qparts, *oparts;
+    uint16_t *kparts, *vparts;
 } bwd_scratch;
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
                                     int split_pv, size_t *floats);
-attnx_status attnx_bwd_scratch_size(const attnx_problem *p, int64_t ldqa, size_t *floats);
+attnx_status attnx_bwd_scratch_size(const attnx_problem *p, const bwd_plan *plan, size_t *floats);
 fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc,
                                  int64_t split_dp, int split_pv);
-bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, int64_t ldqa);
+bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, const bwd_plan *plan);
 
 /* n floats, 64-byte aligned, or NULL (out of memory, or n too large). */
 float *attnx_alloc_floats(size_t n);

@@ -5,6 +5,20 @@
 
 #include "core/core.h"
 
+/* Float32 on AMX tiles: D rounded up to 32 if the scores of r's problem can
+ * take kt->qk_split, where a key tile meets at least min_meet query blocks
+ * (of the G heads of a group) to pay for splitting it; else 0. Not for
+ * decoding, bfloat16 dot products or a post_scale. */
+int64_t attnx_split_dims(const attnx_run *r, int64_t min_meet)
+{
+    const attnx_problem *p = r->p;
+    const int64_t meet = p->Hk ? p->Hq / p->Hk * ((p->Lq + BQ - 1) / BQ) : 0;
+    return r->kt->qk_split && !r->bf16_dots && r->post_scale == 1.0f && p->D > 0 &&
+                   p->Lq > r->kt->dot_max_nq && meet >= min_meet
+               ? (p->D + 31) / 32 * 32
+               : 0;
+}
+
 attnx_run attnx_run_of(const attnx_problem *p)
 {
     const int large = fabsf(p->scale) > 1.0f;
@@ -16,18 +30,14 @@ attnx_run attnx_run_of(const attnx_problem *p)
     };
     r.bf16_dots = r.kt->qk_bf16 && all_bf16(p);
     r.pv_tiles = r.bf16_dots && r.kt->pv_bf16 && p->Dv % 16 == 0;
-    /* float32 keys and values met by 12 query blocks or more (of the G
-     * heads of a group): splitting them costs about a third of one block's
-     * tile products, and with two threads the split loses more than with one
+    /* the forward splits float32 keys and values met by 12 query blocks or
+     * more: splitting them costs about a third of one block's tile
+     * products, and with two threads the split loses more than with one
      * (L=256: 1.0x on one, likely the other core reading parts from the
      * cache of the core that wrote them). On the Xeon with AMX, 2 threads, H=8 D=64 (the C core,
      * against ATTNX_BF16_DOTS=none): L=256 0.77-0.81x, 384 0.89-0.95x, 512
      * 0.94-0.99x, 768 1.07-1.20x, 1024 1.10-1.12x, 4096 1.07-1.16x */
-    const int64_t meet = p->Hk ? p->Hq / p->Hk * ((p->Lq + BQ - 1) / BQ) : 0;
-    r.split_dp = r.kt->qk_split && !r.bf16_dots && r.post_scale == 1.0f && p->D > 0 &&
-                         p->Lq > r.kt->dot_max_nq && meet >= 12
-                     ? (p->D + 31) / 32 * 32
-                     : 0;
+    r.split_dp = attnx_split_dims(&r, 12);
     r.split_pv = r.split_dp && r.kt->pv_split && p->Dv > 0 && p->Dv % 16 == 0;
     return r;
 }
@@ -112,8 +122,9 @@ static void split_keys_backward(const attnx_problem *p, int nt, bwd_plan *plan)
     plan->n_items = heads * plan->nsplit;
 }
 
-attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan)
+attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *plan)
 {
+    const attnx_problem *p = r->p;
     const int nt = threads_for(p, 10.0, 5e6);
     plan->group = p->Hq / p->Hk;
     plan->ldqa = ATTNX_ROUND16(p->D);
@@ -123,5 +134,33 @@ attnx_status attnx_plan_backward(const attnx_problem *p, bwd_plan *plan)
     if (plan->nsplit > 1 && !mul_ok((size_t)plan->nsplit * (size_t)p->B * (size_t)p->Hq,
                                     (size_t)p->Lq * (size_t)p->D, &plan->partial))
         return ATTNX_ERR_OVERFLOW;
-    return attnx_bwd_scratch_size(p, plan->ldqa, &plan->scratch);
+    /* float32 on tiles for S and dP: an item splits its keys and values a
+     * slice of kslice keys at a time, and every query block of its group
+     * meets the slice before the next (its dQ rows summed slice by slice);
+     * kslice keeps what a slice's tiles read and write (the parts, the
+     * key, value, dK and dV rows) near BWD_SLICE_BYTES, in L2. Not with a
+     * mask's gradient: its own pass recomputes dS with the FMAs, and both
+     * ways must give the same bits. Only where D and Dv round up to 64:
+     * against the FMAs on the Xeon with AMX (ATTNX_BF16_DOTS=none in the
+     * same process, medians; H=8 unless said, one thread unless said):
+     *   D=64: L=128 1.04x (2 threads 1.03x), 256 1.11x, 512 (2) 1.11x,
+     *         1024 1.05-1.06x, 2048 (2, causal) 1.08x, 4096 (H=4) 1.09x
+     *         (0.98x before the slices);
+     *   D=32: 1.02x; D=96: 0.98x; D=128: 0.92-0.97x at L=512-4096, where
+     *   qk_split runs no faster than the FMAs between the backward's other
+     *   kernels (alone: 1.6x; not explained: likely its 48 KiB of query
+     *   parts no longer in L1). */
+    plan->kslice = plan->kchunk;
+    plan->split_dp = mask_grad || p->Dv <= 32 || p->Dv > 64 || p->D <= 32 || p->D > 64
+                         ? 0
+                         : attnx_split_dims(r, BWD_SPLIT_MEET);
+    plan->split_dpv = plan->split_dp ? 64 : 0;
+    if (plan->split_dp) {
+        const double per_key = 6.0 * (double)(plan->split_dp + plan->split_dpv) + /* parts */
+                               8.0 * (double)(p->D + p->Dv); /* K, V, dK, dV rows */
+        const double keys = floor((double)BWD_SLICE_BYTES / per_key / BK) * BK;
+        if (keys < (double)plan->kchunk) plan->kslice = keys < BK ? BK : (int64_t)keys;
+        /* no overflow below: with D and Dv that fit memory, BK keys' parts do */
+    }
+    return attnx_bwd_scratch_size(p, plan, &plan->scratch);
 }

@@ -107,14 +107,21 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
     return s;
 }
 
-attnx_status attnx_bwd_scratch_size(const attnx_problem *p, int64_t ldqa, size_t *floats)
+attnx_status attnx_bwd_scratch_size(const attnx_problem *p, const bwd_plan *plan, size_t *floats)
 {
-    return mul_ok((size_t)p->D + (size_t)p->Dv + 3 * BK + (size_t)ldqa + 3, BQ, floats)
-               ? ATTNX_OK
-               : ATTNX_ERR_OVERFLOW;
+    size_t main;
+    if (!mul_ok((size_t)p->D + (size_t)p->Dv + 3 * BK + (size_t)plan->ldqa + 3, BQ, &main))
+        return ATTNX_ERR_OVERFLOW;
+    const size_t dims = (size_t)(plan->split_dp + plan->split_dpv),
+                 rows = BQ + (size_t)plan->kslice + 16;
+    size_t parts = 0;
+    if (plan->split_dp && (!mul_ok(3 * dims / 2, rows, &parts) || parts > SIZE_MAX - main))
+        return ATTNX_ERR_OVERFLOW;
+    *floats = main + parts;
+    return ATTNX_OK;
 }
 
-bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, int64_t ldqa)
+bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, const bwd_plan *plan)
 {
     bwd_scratch s;
     s.qt = base;
@@ -123,9 +130,18 @@ bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
     s.dpt = s.st + (size_t)BK * BQ;
     s.capped = s.dpt + (size_t)BK * BQ;
     s.dqacc = s.capped + (size_t)BK * BQ;
-    s.lse = s.dqacc + (size_t)ldqa * BQ;
+    s.lse = s.dqacc + (size_t)plan->ldqa * BQ;
     s.dvec = s.lse + BQ;
     s.ones = s.dvec + BQ;
     for (int i = 0; i < BQ; i++) s.ones[i] = 1.0f;
+    s.qparts = s.oparts = NULL;
+    s.kparts = s.vparts = NULL;
+    if (plan->split_dp) { /* 64-byte aligned: every size above is a multiple of 16 floats */
+        const size_t dp = (size_t)plan->split_dp, dpv = (size_t)plan->split_dpv;
+        s.qparts = (uint32_t *)(s.ones + BQ);
+        s.oparts = s.qparts + 3 * dp / 2 * BQ;
+        s.kparts = (uint16_t *)(s.oparts + 3 * dpv / 2 * BQ);
+        s.vparts = s.kparts + 3 * dp * ((size_t)plan->kslice + 16);
+    }
     return s;
 }

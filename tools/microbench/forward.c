@@ -101,8 +101,8 @@ int main(int argc, char **argv)
         t = now() - t;
         if (t < best16) best16 = t;
     }
-    printf("%sL=%d D=%d H=%d T=%d causal=%d: best %.1f us  %.1f GFLOP/s\n", bwd ? "backward " : "", L, D, H, T, causal,
-           best * 1e6, fl / best / 1e9);
+    printf("%sL=%d D=%d H=%d T=%d causal=%d: best %.1f us  %.1f GFLOP/s\n", bwd ? "backward " : "",
+           L, D, H, T, causal, best * 1e6, fl / best / 1e9);
     if (bf16)
         printf("  bfloat16 (bf16 dots: %s): best %.1f us  %.1f GFLOP/s  %.2fx float32\n",
                attnx_bf16_dots() ? "yes" : "no", best16 * 1e6, fl / best16 / 1e9, best / best16);
