@@ -306,22 +306,47 @@ static int transpose_values(const uint16_t *v, int64_t v_sl, int nk, int64_t Dv,
     return _mm512_cmpeq_epi16_mask(top, exponent) != 0; /* all ones: inf or NaN */
 }
 
-/* acct over (16 ndb) dims x (16 nqb) queries, ndb, nqb in {1, 2}, plus the
- * products of `steps` rows of 32 keys: C[db][qb] in tile 2 db + qb, the
- * values in 4-5, the parts in 6-7. vt: (16 ndb, BK)  parts: (PARTS, PAIRS, PART_LD)
- * acct: (16 ndb, ldq) */
-static void pv_block(int ndb, int nqb, const uint16_t *vt, const uint32_t *parts, int steps,
-                     float *acct, int64_t ldq)
+/* acct over (16 ndb) dims x (16 nqb) queries (ndb, nqb in {1, 2}) plus
+ * `steps` rows of 32 keys of the products of the values' nv parts (1 for
+ * bfloat16 values, 3 for float32 ones split) and P's PARTS: with one value
+ * part all three of P's, with three the six whose orders reach 2^-16
+ * (a + b <= 2, counting from 0), the smaller first. C[db][qb] in tile 2 db + qb, the values'
+ * parts in 4-5, P's in 6-7. vt: (nv, 16 ndb, ldv) part b at vt + b·vpart
+ * parts: (PARTS, PAIRS, PART_LD)  acct: (16 ndb, ldq) */
+static void pv_block(int ndb, int nqb, const uint16_t *vt, int64_t ldv, int64_t vpart, int nv,
+                     const uint32_t *parts, int steps, float *acct, int64_t ldq)
 {
-    const int64_t a_stride = ATTNX_BK * (int64_t)sizeof *vt;
+    const int64_t a_stride = ldv * (int64_t)sizeof *vt;
     const int64_t b_stride = PART_LD * (int64_t)sizeof *parts;
     c_load(ndb, nqb, acct, ldq);
-    for (int s = 0; s < steps; s++) {
-        a_load(ndb, vt + s * TILE_DIMS, a_stride);
-        for (int t = 0; t < PARTS; t++)
-            b_multiply(ndb, nqb, parts + t * PART_FLOATS + s * TILE * PART_LD, b_stride);
-    }
+    for (int s = 0; s < steps; s++)
+        for (int b = nv - 1; b >= 0; b--) { /* part b of the values, a of P */
+            a_load(ndb, vt + b * vpart + s * TILE_DIMS, a_stride);
+            for (int a = PARTS - 1 - (nv > 1 ? b : 0); a >= 0; a--)
+                b_multiply(ndb, nqb, parts + a * PART_FLOATS + s * TILE * PART_LD, b_stride);
+        }
     c_store(ndb, nqb, acct, ldq);
+}
+
+/* acct += P · V on tiles for 16 nqv queries, with the values' nv parts
+ * (pv_block) and P split per two tiles of queries (split_probs: to nearest
+ * with three value parts, as pv_split's dropped products need).
+ * pt: (nk, ldq)  vt: (nv, Dv, ldv)  parts: pv_bf16's work  acct: (Dv, ldq) */
+static void pv_tiles(const float *pt, int64_t ldq, int nqv, int nk, int64_t Dv, const uint16_t *vt,
+                     int64_t ldv, int64_t vpart, int nv, uint32_t *parts, float *acct)
+{
+    if (nk <= 0) return;
+    const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
+    amx_config saved;
+    tiles_take(&saved);
+    for (int c = 0; c < nqv; c += 2) {
+        const int nqb = nqv - c >= 2 ? 2 : 1;
+        split_probs(pt + c * TILE, ldq, nqb, nk, nv > 1, parts);
+        for (int db = 0; db < ndt; db += 2)
+            pv_block(ndt - db >= 2 ? 2 : 1, nqb, vt + db * TILE * ldv, ldv, vpart, nv, parts, steps,
+                     acct + db * TILE * ldq + c * TILE, ldq);
+    }
+    tiles_give_back(&saved);
 }
 
 /* The tile in FMAs, key by key (a value is inf or NaN): after the rescale,
@@ -350,22 +375,10 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
     uint16_t *vt = (uint16_t *)(work + PARTS * PART_FLOATS);
     const int special = transpose_values(v, v_sl, nk, Dv, vt);
     if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
-    if (special) {
+    if (special)
         pv_fmas(pt, ldq, nqv, v, v_sl, nk, Dv, acct);
-        return;
-    }
-    if (nk <= 0) return;
-    const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
-    amx_config saved;
-    tiles_take(&saved);
-    for (int c = 0; c < nqv; c += 2) {
-        const int nqb = nqv - c >= 2 ? 2 : 1;
-        split_probs(pt + c * TILE, ldq, nqb, nk, 0, parts);
-        for (int db = 0; db < ndt; db += 2)
-            pv_block(ndt - db >= 2 ? 2 : 1, nqb, vt + db * TILE * ATTNX_BK, parts, steps,
-                     acct + db * TILE * ldq + c * TILE, ldq);
-    }
-    tiles_give_back(&saved);
+    else
+        pv_tiles(pt, ldq, nqv, nk, Dv, vt, ATTNX_BK, 0, 1, parts, acct);
 }
 
 /* ---- float32 on tiles: split_rows, split_pairs, qk_split -------------------
@@ -483,24 +496,6 @@ void attnx_qk_split_amx(const uint32_t *qp, int64_t ldq, int nq, const uint16_t 
  * along it) and the probabilities split to nearest: per 32 keys the six
  * products of parts whose orders reach 2^-16, the smaller first. */
 
-/* acct over (16 ndb) dims x (16 nqb) queries plus `steps` rows of 32 keys of
- * the six products: C[db][qb] in tile 2 db + qb, the values' parts in 4-5,
- * the probabilities' in 6-7. vt: (3, 16 ndb, ldv)  parts: (PARTS, PAIRS, PART_LD) */
-static void pv_split_block(int ndb, int nqb, const uint16_t *vt, int64_t ldv, int64_t vpart,
-                           const uint32_t *parts, int steps, float *acct, int64_t ldq)
-{
-    const int64_t a_stride = ldv * (int64_t)sizeof *vt;
-    const int64_t b_stride = PART_LD * (int64_t)sizeof *parts;
-    c_load(ndb, nqb, acct, ldq);
-    for (int s = 0; s < steps; s++)
-        for (int b = 2; b >= 0; b--) { /* part b of the values, a of P */
-            a_load(ndb, vt + b * vpart + s * TILE_DIMS, a_stride);
-            for (int a = 2 - b; a >= 0; a--)
-                b_multiply(ndb, nqb, parts + a * PART_FLOATS + s * TILE * PART_LD, b_stride);
-        }
-    c_store(ndb, nqb, acct, ldq);
-}
-
 // pt: (nk, ldq)  vt: (3, Dv, ldv) parts, part stride vpart  acct: (Dv, ldq)  work:
 // ATTNX_PV_BF16_WORK(0)
 void attnx_pv_split_amx(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
@@ -508,20 +503,8 @@ void attnx_pv_split_amx(const float *pt, int64_t ldq, int nq, const uint16_t *vt
                         float *work)
 {
     const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
-    uint32_t *parts = (uint32_t *)work;
     if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
-    if (nk <= 0) return;
-    const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
-    amx_config saved;
-    tiles_take(&saved);
-    for (int c = 0; c < nqv; c += 2) {
-        const int nqb = nqv - c >= 2 ? 2 : 1;
-        split_probs(pt + c * TILE, ldq, nqb, nk, 1, parts);
-        for (int db = 0; db < ndt; db += 2)
-            pv_split_block(ndt - db >= 2 ? 2 : 1, nqb, vt + db * TILE * ldv, ldv, vpart, parts,
-                           steps, acct + db * TILE * ldq + c * TILE, ldq);
-    }
-    tiles_give_back(&saved);
+    pv_tiles(pt, ldq, nqv, nk, Dv, vt, ldv, vpart, 3, (uint32_t *)work, acct);
 }
 
 #if defined(__clang__)
