@@ -119,32 +119,32 @@ static void split_keys(void *arg, int tid, int64_t x)
 
 /* Item x of the group: the values of head head0 + x split into their parts
  * and transposed, (3, Dv, ldv) (kt->pv_split's vt), BQ keys at a time:
- * transposed by pack_qt into the thread's acc (Dv, BQ), split by split_rows
- * into its acct and on into pv_work (3·Dv·BQ bfloat16 values: 1.5·Dv·BQ
- * floats of their 2·Dv·BQ; all free until the items start), then copied
- * into place; keys past Lk are 0. 16-bit values are converted first (vbuf). */
+ * transposed by pack_qt into the thread's acc (Dv, BQ), then split by
+ * split_rows into their columns of the parts; keys past Lk are 0 (a tile
+ * that starts at an unaligned key, in a causal or window band, reads up
+ * to 31 past its last). 16-bit values are converted first (vbuf). */
 static void split_values(void *arg, int tid, int64_t x)
 {
     const fwd_job *jb = arg;
     const fwd_scratch *s = &jb->scr[tid];
     const attnx_problem *p = jb->run.p;
     const int64_t bh = jb->head0 + x, b = bh / p->Hk, hk = bh % p->Hk, Dv = p->Dv;
-    const int64_t ldv = jb->plan.ldv, part = Dv * ldv, tpart = Dv * BQ; /* Dv % 16 == 0 */
-    uint16_t *parts = jb->vparts + x * 3 * part, *split = (uint16_t *)s->acct;
+    const int64_t ldv = jb->plan.ldv, part = Dv * ldv; /* Dv % 16 == 0 */
+    uint16_t *parts = jb->vparts + x * 3 * part;
     int special = 0;
     for (int64_t j0 = 0; j0 < ldv; j0 += BQ) {
-        const int nk = (int)clamp64(p->Lk - j0, 0, BQ);
+        const int nk = (int)clamp64(p->Lk - j0, 0, BQ), done = (nk + 31) / 32 * 32;
         if (nk) {
             int64_t v_sl;
             const float *v = attnx_kv_rows(&jb->run, 1, b, hk, j0, nk, s->vbuf, &v_sl);
             jb->run.kt->pack_qt(v, v_sl, nk, Dv, 1.0f, s->acc, BQ);
+            /* (Dv, BQ) of values: split_rows splits nk columns of each, and zeroes the rest to 32
+             */
+            special |= jb->run.kt->split_rows(s->acc, BQ, (int)Dv, nk, parts + j0, part, ldv);
         }
-        /* (Dv, BQ) of values: split_rows reads nk of them, and zeroes the rest */
-        special |= jb->run.kt->split_rows(s->acc, BQ, (int)Dv, nk, split, tpart, BQ);
-        for (int a = 0; a < 3; a++)
-            for (int64_t d = 0; d < Dv; d++)
-                memcpy(parts + a * part + d * ldv + j0, split + a * tpart + d * BQ,
-                       sizeof *parts * BQ);
+        if (done < BQ)
+            for (int64_t r = 0; r < 3 * Dv; r++) /* the 3 parts' rows, part = Dv rows */
+                memset(parts + r * ldv + j0 + done, 0, sizeof *parts * (size_t)(BQ - done));
     }
     jb->vspecial[x] = (unsigned char)special;
 }

@@ -31,8 +31,17 @@ static void cache_free(void *c)
 
 static void cache_init(void) { (void)pthread_key_create(&cache_key, cache_free); }
 
+#ifdef ATTNX_TEST_HOOKS
+/* tests/c (built with -DATTNX_TEST_HOOKS): nonzero makes the parts' buffer
+ * unavailable, as when there is no memory for it */
+int attnx_test_no_parts = 0;
+#endif
+
 float *attnx_caller_buffer(attnx_caller_use use, size_t n)
 {
+#ifdef ATTNX_TEST_HOOKS
+    if (use == ATTNX_CALLER_PARTS && attnx_test_no_parts) return NULL;
+#endif
     pthread_once(&cache_once, cache_init);
     cache *c = pthread_getspecific(cache_key);
     if (!c) {

@@ -409,7 +409,7 @@ int attnx_split_rows_amx(const float *x, int64_t x_sl, int rows, int64_t n, uint
 {
     __mmask16 special = 0;
     for (int j = 0; j < ATTNX_ROUND16(rows); j++)
-        for (int64_t d = 0; d < ldp; d += 32) {
+        for (int64_t d = 0; d < n; d += 32) {
             const int64_t left = j < rows ? n - d : 0; /* values of the row from d */
             const __mmask16 ma = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
             const __mmask16 mb = left >= 32  ? 0xffff

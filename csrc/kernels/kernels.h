@@ -231,10 +231,11 @@ typedef struct attnx_kernels {
      * (c = 65537·x, x1 = c - (c - x): the same bits on every ISA, with no
      * FMA contraction, which C11 mode turns off). |x2| <= 2^-8 |x|,
      * |x3| <= 2^-16 |x|. Rows: parts[a*part + j*ldp + d] = part a+1 of
-     * x[j*x_sl + d] for j < rows, d < n; 0 for n <= d < ldp, and in rows
-     * rows .. round16(rows)-1. Returns nonzero if any |x| >= 2^100, inf or
-     * NaN (65537·x could overflow: such inputs take the FMA path).
-     * x: (rows, n) rows x_sl apart  parts: (3, part), ldp % 32 == 0 */
+     * x[j*x_sl + d] for j < rows, d < n; 0 for n <= d < round32(n), and in
+     * rows rows .. round16(rows)-1 (columns from round32(n) to ldp are not
+     * written). Returns nonzero if any |x| >= 2^100, inf or NaN (65537·x
+     * could overflow: such inputs take the FMA path).
+     * x: (rows, n) rows x_sl apart  parts: (3, part), ldp >= round32(n) */
     int (*split_rows)(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
                       int64_t part, int64_t ldp);
 

@@ -216,7 +216,7 @@ int attnx_split_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, u
 {
     int special = 0;
     for (int j = 0; j < ATTNX_ROUND16(rows); j++)
-        for (int64_t d = 0; d < ldp; d++) {
+        for (int64_t d = 0; d < (n + 31) / 32 * 32; d++) {
             uint16_t t[3] = {0, 0, 0};
             if (j < rows && d < n) {
                 special |= too_large(x[j * x_sl + d]);

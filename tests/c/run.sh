@@ -3,7 +3,8 @@
 #   tests/c/run.sh [cc] [cases] [runner]
 # test_kernels: each instruction set's kernels against the scalar ones;
 # test_forward: attnx_forward on [cases] random problems (default 300)
-# against a naive attention. The core's sources come from csrc/sources.txt.
+# against a naive attention. The core's sources come from csrc/sources.txt,
+# built with ATTNX_TEST_HOOKS (scratch.c: a buffer made unavailable).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cc=${1:-cc}
@@ -11,7 +12,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mapfile -t core < <(grep -v '^#' "$here/csrc/sources.txt" | sed "s|^|$here/csrc/|")
 for t in test_kernels test_forward; do
-    $cc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter ${CFLAGS:-} -I"$here/csrc" \
+    $cc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter -DATTNX_TEST_HOOKS ${CFLAGS:-} -I"$here/csrc" \
         "${core[@]}" "$here/tests/c/$t.c" -o "$out/$t" -lm -lpthread ${LDFLAGS:-}
 done
 ${3:-} "$out/test_kernels"

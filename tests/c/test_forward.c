@@ -3,7 +3,8 @@
  * attention, on random problems with masks, causal modes, lengths, GQA, odd
  * sizes, strided views and the variants (window, softcap, ALiBi, sinks),
  * and the backward against the naive gradients for the smaller ones; the
- * error codes; attnx_expf against exp.
+ * error codes; attnx_expf against exp; the forward without memory for the
+ * parts of float32 on AMX tiles.
  *
  *   tests/c/run.sh [cc] [cases]     (builds the core from csrc/sources.txt)
  *
@@ -450,6 +451,42 @@ static void check_exp(void)
     }
 }
 
+/* Without memory for the parts of float32 on AMX tiles (a prefill-sized
+ * problem that takes them where the CPU has AMX), the forward takes the
+ * FMAs: the same result within the tolerances, no failure, no crash. */
+extern int attnx_test_no_parts;
+
+static void check_no_parts(void)
+{
+    attnx_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = 1, p.Hq = p.Hk = 2, p.Lq = 800, p.Lk = 200, p.D = p.Dv = 64;
+    const size_t nq = (size_t)(p.Hq * p.Lq * p.D), nk = (size_t)(p.Hk * p.Lk * p.D);
+    float *q = fill(nq), *k = fill(nk), *v = fill(nk), *out = malloc(sizeof(float) * nq);
+    double *ref = malloc(sizeof(double) * nq);
+    p.q = (attnx_tensor){q, p.Hq * p.Lq * p.D, p.Lq * p.D, p.D};
+    p.k = (attnx_tensor){k, p.Hk * p.Lk * p.D, p.Lk * p.D, p.D};
+    p.v = (attnx_tensor){v, p.Hk * p.Lk * p.D, p.Lk * p.D, p.D};
+    p.out = (attnx_out_tensor){out, p.Hq * p.Lq * p.D, p.Lq * p.D, p.D};
+    p.scale = 0.125f;
+    p.num_threads = 2;
+    naive(&p, ref);
+    for (int denied = 0; denied < 2; denied++) {
+        attnx_test_no_parts = denied;
+        const attnx_status st = attnx_forward(&p);
+        const double worst = st == ATTNX_OK ? worst_of(out, ref, nq) : INFINITY;
+        if (worst <= 1.0) {
+            passed++;
+        } else {
+            failed++;
+            printf("FAIL no parts (denied %d): status %s worst %g\n", denied, attnx_strerror(st),
+                   worst);
+        }
+    }
+    attnx_test_no_parts = 0;
+    free(q), free(k), free(v), free(out), free(ref);
+}
+
 int main(int argc, char **argv)
 {
     const int n = argc > 1 ? atoi(argv[1]) : 300;
@@ -457,6 +494,7 @@ int main(int argc, char **argv)
     check_errors();
     check_exp();
     check_fingerprint();
+    check_no_parts();
     for (int t = 0; t < n; t++) run_case(t);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
