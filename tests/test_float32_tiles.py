@@ -117,10 +117,11 @@ def test_the_tiles_take_prefill_and_leave_the_rest(tmp_path):
     if dots != "amx":
         same = list(fmas)                                       # no split without AMX
     for name in fmas:
+        equal = tiles[name].tobytes() == fmas[name].tobytes()   # a bool: no diff on failure
         if name in same:
-            assert tiles[name].tobytes() == fmas[name].tobytes(), name
+            assert equal, name
         else:
-            assert tiles[name].tobytes() != fmas[name].tobytes(), name
+            assert not equal, name
             np.testing.assert_allclose(tiles[name], fmas[name], rtol=1e-5, atol=1e-6,
                                        err_msg=name)
 
@@ -182,6 +183,7 @@ def test_backward_values_the_split_cannot_take(isa, rng, where):
 _RUN_BACKWARD = """
 import sys
 import numpy as np, attnx
+from attnx import _attnx
 rng = np.random.default_rng(12)
 def r(*s):
     return rng.standard_normal(s).astype(np.float32)
@@ -189,7 +191,7 @@ def grads(q, k, v, **kw):
     out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, **kw)
     g = vjp(r(*out.shape))
     return np.concatenate([g.query.ravel(), g.key.ravel(), g.value.ravel()])
-out = {}
+out = {"dots": np.array(str(_attnx.bf16_dots()))}
 q, k, v = r(1, 2, 300, 64), r(1, 2, 300, 64), r(1, 2, 300, 64)
 out["D=64"] = grads(q, k, v)
 out["D=128"] = grads(r(1, 2, 300, 128), r(1, 2, 300, 128), r(1, 2, 300, 128))
@@ -213,11 +215,13 @@ def test_the_backward_takes_the_tiles_where_planned(tmp_path):
         path = tmp_path / f"{dots}.npz"
         subprocess.run([sys.executable, "-c", _RUN_BACKWARD, str(path)], env=run_env, check=True)
         runs[dots] = dict(np.load(path))
-    with_amx = _attnx.bf16_dots() == "amx" and os.environ.get("ATTNX_BF16_DOTS") in (None, "amx")
+    assert str(runs["none"].pop("dots")) == "None"
+    with_amx = str(runs[None].pop("dots")) == "amx"
     for name, fmas in runs["none"].items():
         tiles = runs[None][name]
+        same = tiles.tobytes() == fmas.tobytes()   # a bool: no diff of megabytes on failure
         if with_amx and name == "D=64":
-            assert tiles.tobytes() != fmas.tobytes(), name
+            assert not same, name
             np.testing.assert_allclose(tiles, fmas, rtol=1e-4, atol=1e-5, err_msg=name)
         else:
-            assert tiles.tobytes() == fmas.tobytes(), name
+            assert same, name
