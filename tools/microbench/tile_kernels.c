@@ -1,6 +1,6 @@
 /* The tile kernels alone, on one tile of NQ=64 queries x NK keys with
  * D = Dv = argv[1]: qk, softmax_online and pv, each timed in TSC cycles
- * (min over 3000 calls, so a noisy neighbour shows up only if it never
+ * (min over REPS = 3000 calls, so a noisy neighbour shows up only if it never
  * lets go). NT > 1 rotates over NT key/value tiles, to read them from L2
  * (NT=8 at D=128) or L3 (NT=32). argv[2] = 2 picks the AVX2 table.
  * FLOP/cycle is per TSC cycle (2.3 GHz here); the core runs faster.
@@ -16,7 +16,17 @@
 #ifndef NT
 #define NT 1
 #endif
+#define REPS 3000
 static float rnd(void) { return (float)rand() / RAND_MAX - 0.5f; }
+
+/* best = min(best, the TSC cycles stmt takes) */
+#define TIME_MIN(best, stmt)                              \
+    do {                                                  \
+        const unsigned long long t0_ = __rdtsc();         \
+        stmt;                                             \
+        const double cycles_ = (double)(__rdtsc() - t0_); \
+        if (cycles_ < (best)) (best) = cycles_;           \
+    } while (0)
 int main(int argc, char **argv)
 {
     int D = argc > 1 ? atoi(argv[1]) : 64;
@@ -37,22 +47,14 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < NQ * D; i++) acc[i] = 0;
     double best[3] = {1e30, 1e30, 1e30};
-    for (int rep = 0; rep < 3000; rep++) {
-        unsigned long long t0 = __rdtsc();
-        K->qk(qt, NQ, NQ, k + (rep % NT) * NK * D, D, NK, D, st);
-        unsigned long long t1 = __rdtsc();
+    for (int rep = 0; rep < REPS; rep++) {
+        TIME_MIN(best[0], K->qk(qt, NQ, NQ, k + (rep % NT) * NK * D, D, NK, D, st));
         for (int i = 0; i < NQ; i++) {
             m[i] = -INFINITY;
             l[i] = 0;
         }
-        unsigned long long t2 = __rdtsc();
-        K->softmax_online(st, NQ, NQ, NK, m, l, al);
-        unsigned long long t3 = __rdtsc();
-        K->pv(st, NQ, 1, NQ, v + (rep % NT) * NK * D, D, NK, D, al, acc, D);
-        unsigned long long t4 = __rdtsc();
-        if (t1 - t0 < best[0]) best[0] = t1 - t0;
-        if (t3 - t2 < best[1]) best[1] = t3 - t2;
-        if (t4 - t3 < best[2]) best[2] = t4 - t3;
+        TIME_MIN(best[1], K->softmax_online(st, NQ, NQ, NK, m, l, al));
+        TIME_MIN(best[2], K->pv(st, NQ, 1, NQ, v + (rep % NT) * NK * D, D, NK, D, al, acc, D));
     }
     double fl = 2.0 * NQ * NK * D; /* per GEMM */
     printf("%s D=%d qk %.0f cyc (%.1f flop/cyc)  softmax %.0f cyc (%.2f cyc per 16 scores)  pv "
@@ -66,17 +68,10 @@ int main(int argc, char **argv)
         uint32_t *qp = aligned_alloc(64, 4 * 3 * (size_t)Dp / 2 * NQ);
         uint16_t *kp = aligned_alloc(64, 2 * 3 * (size_t)kpart);
         double bs[3] = {1e30, 1e30, 1e30};
-        for (int rep = 0; rep < 3000; rep++) {
-            unsigned long long t0 = __rdtsc();
-            K->split_pairs(qt, NQ, NQ, D, Dp, qp, Dp / 2 * NQ);
-            unsigned long long t1 = __rdtsc();
-            K->split_rows(k + (rep % NT) * NK * D, D, NK, D, kp, kpart, Dp);
-            unsigned long long t2 = __rdtsc();
-            K->qk_split(qp, NQ, NQ, kp, kpart, NK, Dp, st);
-            unsigned long long t3 = __rdtsc();
-            if (t1 - t0 < bs[0]) bs[0] = t1 - t0;
-            if (t2 - t1 < bs[1]) bs[1] = t2 - t1;
-            if (t3 - t2 < bs[2]) bs[2] = t3 - t2;
+        for (int rep = 0; rep < REPS; rep++) {
+            TIME_MIN(bs[0], K->split_pairs(qt, NQ, NQ, D, Dp, qp, Dp / 2 * NQ));
+            TIME_MIN(bs[1], K->split_rows(k + (rep % NT) * NK * D, D, NK, D, kp, kpart, Dp));
+            TIME_MIN(bs[2], K->qk_split(qp, NQ, NQ, kp, kpart, NK, Dp, st));
         }
         printf("%s D=%d float32 on tiles: split q %.0f cyc  split k %.0f cyc  qk_split %.0f cyc "
                "(%.1f flop/cyc)  total-> %.1f flop/cyc (%.2fx; keys split a tile: %.2fx)\n",
@@ -95,12 +90,8 @@ int main(int argc, char **argv)
             attnx_split_rows_scalar(vtf, NK, D, NK, vt, vpart, ldv);
             for (int i = 0; i < NQ * D; i++) acct[i] = 0;
             double bv = 1e30;
-            for (int rep = 0; rep < 3000; rep++) {
-                unsigned long long t0 = __rdtsc();
-                K->pv_split(st, NQ, NQ, vt, ldv, vpart, NK, D, al, acct, work);
-                unsigned long long t1 = __rdtsc();
-                if (t1 - t0 < bv) bv = t1 - t0;
-            }
+            for (int rep = 0; rep < REPS; rep++)
+                TIME_MIN(bv, K->pv_split(st, NQ, NQ, vt, ldv, vpart, NK, D, al, acct, work));
             printf("%s D=%d float32 on tiles: pv_split %.0f cyc (%.1f flop/cyc)  total-> %.1f "
                    "flop/cyc (%.2fx)\n",
                    isa, D, bv, fl / bv, 2 * fl / (bs[2] + best[1] + bv),
@@ -120,14 +111,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < NQ * D; i++) q[i] = attnx_bf16_to_float((uint16_t)(rand() & 0xbfff));
     attnx_pack_qt_bf16(q, D, NQ, D, qt2, NQ);
     double bb[2] = {1e30, 1e30};
-    for (int rep = 0; rep < 3000; rep++) {
-        unsigned long long t0 = __rdtsc();
-        K->qk_bf16(qt2, NQ, NQ, k16 + (rep % NT) * NK * D, D, NK, D, 0.125f, st);
-        unsigned long long t1 = __rdtsc();
-        K->half_rows(ATTNX_HALF_BF16, v16 + (rep % NT) * NK * D, D, NK, D, v);
-        unsigned long long t2 = __rdtsc();
-        if (t1 - t0 < bb[0]) bb[0] = t1 - t0;
-        if (t2 - t1 < bb[1]) bb[1] = t2 - t1;
+    for (int rep = 0; rep < REPS; rep++) {
+        TIME_MIN(bb[0], K->qk_bf16(qt2, NQ, NQ, k16 + (rep % NT) * NK * D, D, NK, D, 0.125f, st));
+        TIME_MIN(bb[1], K->half_rows(ATTNX_HALF_BF16, v16 + (rep % NT) * NK * D, D, NK, D, v));
     }
     printf("%s D=%d bfloat16: qk_bf16 %.0f cyc (%.1f flop/cyc)  V to float32 %.0f cyc  "
            "total-> %.1f flop/cyc (%.2fx float32)\n",
@@ -140,12 +126,8 @@ int main(int argc, char **argv)
           *acct = aligned_alloc(64, 4 * D * NQ);
     for (int i = 0; i < D * NQ; i++) acct[i] = 0;
     double bp = 1e30;
-    for (int rep = 0; rep < 3000; rep++) {
-        unsigned long long t0 = __rdtsc();
-        K->pv_bf16(st, NQ, NQ, v16 + (rep % NT) * NK * D, D, NK, D, al, acct, work);
-        unsigned long long t1 = __rdtsc();
-        if (t1 - t0 < bp) bp = t1 - t0;
-    }
+    for (int rep = 0; rep < REPS; rep++)
+        TIME_MIN(bp, K->pv_bf16(st, NQ, NQ, v16 + (rep % NT) * NK * D, D, NK, D, al, acct, work));
     printf("%s D=%d bfloat16: pv_bf16 %.0f cyc (%.1f flop/cyc)  total-> %.1f flop/cyc (%.2fx "
            "float32)\n",
            isa, D, bp, fl / bp, 2 * fl / (bb[0] + best[1] + bp),
