@@ -9,8 +9,17 @@
  * take kt->qk_split, where a key tile meets at least min_meet query blocks
  * (of the G heads of a group) to pay for splitting it; else 0. Not for
  * decoding, bfloat16 dot products or a post_scale. */
+#ifdef ATTNX_TEST_HOOKS
+/* tools/microbench (AB=1): nonzero keeps float32 off the tiles, so that one
+ * process can alternate both ways */
+int attnx_test_no_split = 0;
+#endif
+
 int64_t attnx_split_dims(const attnx_run *r, int64_t min_meet)
 {
+#ifdef ATTNX_TEST_HOOKS
+    if (attnx_test_no_split) return 0;
+#endif
     const attnx_problem *p = r->p;
     const int64_t meet = p->Hk ? p->Hq / p->Hk * ((p->Lq + BQ - 1) / BQ) : 0;
     return r->kt->qk_split && !r->bf16_dots && r->post_scale == 1.0f && p->D > 0 &&
@@ -141,8 +150,9 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
      * key, value, dK and dV rows) near BWD_SLICE_BYTES, in L2. Not with a
      * mask's gradient: its own pass recomputes dS with the FMAs, and both
      * ways must give the same bits. Only where D and Dv round up to 64:
-     * against the FMAs on the Xeon with AMX (ATTNX_BF16_DOTS=none in the
-     * same process, medians; H=8 unless said, one thread unless said):
+     * against the FMAs on the Xeon with AMX (AB=1 BWD=1 tools/microbench/
+     * run.sh forward: both in one process, medians; H=8, one thread unless
+     * said):
      *   D=64: L=128 1.04x (2 threads 1.03x), 256 1.11x, 512 (2) 1.11x,
      *         1024 1.05-1.06x, 2048 (2, causal) 1.08x, 4096 (H=4) 1.09x
      *         (0.98x before the slices);

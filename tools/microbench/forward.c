@@ -6,7 +6,12 @@
  * alternate with calls on bfloat16 ones (q flagged q_bf16, k and v as
  * 16-bit k16, v16): the best of each and their ratio.
  * BWD=1: attnx_backward() instead, on the forward's output and lse and a
- * random upstream gradient (10·L²·D flops a head). */
+ * random upstream gradient (10·L²·D flops a head).
+ * AB=1: each call twice, float32 on AMX tiles allowed and not (the core's
+ * test hook, run.sh builds with ATTNX_TEST_HOOKS), alternated in this one
+ * process: the median of each and the median of their ratios, with the
+ * quartiles (the same as ATTNX_BF16_DOTS=none where the split is the only
+ * difference, without two processes on a drifting machine). */
 #include "attnx.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +24,46 @@ static double now(void)
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
+extern int attnx_test_no_split; /* core/plan.c, with ATTNX_TEST_HOOKS */
+
+static int by_value(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* AB=1: reps rounds of the call (p's forward or g's backward) with the split
+ * and without it; their medians, and the median ratio with its quartiles. */
+static int ab(const attnx_problem *p, const attnx_grad_problem *g, int reps, double fl)
+{
+    double *t[2] = {malloc(sizeof(double) * reps), malloc(sizeof(double) * reps)};
+    double *ratio = malloc(sizeof(double) * reps);
+    for (int r = 0; r < reps; r++) {
+        for (int off = 0; off < 2; off++) {
+            attnx_test_no_split = off;
+            const double t0 = now();
+            if (g)
+                attnx_backward(g);
+            else
+                attnx_forward(p);
+            t[off][r] = now() - t0;
+        }
+        ratio[r] = t[1][r] / t[0][r];
+    }
+    attnx_test_no_split = 0;
+    qsort(t[0], reps, sizeof(double), by_value);
+    qsort(t[1], reps, sizeof(double), by_value);
+    qsort(ratio, reps, sizeof(double), by_value);
+    const attnx_problem *f = g ? &g->f : p;
+    printf("%sL=%lld D=%lld H=%lld T=%d causal=%d, %d rounds: tiles %.1f GFLOP/s, FMAs %.1f "
+           "(medians); tiles/FMAs %.3fx [%.3f..%.3f]\n",
+           g ? "backward " : "", (long long)f->Lq, (long long)f->D, (long long)f->Hq,
+           f->num_threads, (int)f->causal, reps, fl / t[0][reps / 2] / 1e9,
+           fl / t[1][reps / 2] / 1e9, ratio[reps / 2], ratio[reps / 4], ratio[3 * reps / 4]);
+    free(t[0]), free(t[1]), free(ratio);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int L = argc > 1 ? atoi(argv[1]) : 1024, D = argc > 2 ? atoi(argv[2]) : 64,
@@ -87,6 +132,7 @@ int main(int argc, char **argv)
     p16.half_format = ATTNX_HALF_BF16;
     p16.q_bf16 = 1;
     double best16 = 1e30;
+    if (getenv("AB") && atoi(getenv("AB"))) return ab(bwd ? NULL : &p, bwd ? &g : NULL, reps, fl);
     for (int r = 0; r < reps; r++) {
         double t = now();
         if (bwd)

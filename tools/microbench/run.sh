@@ -2,7 +2,8 @@
 # Kernel-level microbenchmarks of the C core (no Python), for tuning:
 #   tools/microbench/run.sh peak                 FP32 FMA peak of each core
 #   tools/microbench/run.sh tiles D [2]          tile kernels on one tile (2: AVX2)
-#   tools/microbench/run.sh forward L D T H [c]  the whole forward pass (BWD=1: backward)
+#   tools/microbench/run.sh forward L D T H [c]  the whole forward pass (BWD=1: backward;
+#                                                AB=1: AMX tiles against FMAs, one process)
 #   tools/microbench/run.sh tile-decode D NQ [kind]  the decoding tile (kind 0/1/2: f32/f16/bf16)
 #   tools/microbench/run.sh decode Hk G Lk D T   decoding (G query rows a KV head), GB/s
 #   tools/microbench/run.sh read BYTES T         read bandwidth of T threads (the roofline)
@@ -35,7 +36,7 @@ case "$what" in
     cc -O2 -std=c11 "$here/read.c" -o "$out/read" -lpthread
     "$out/read" "$@" ;;
   forward)
-    cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/forward.c" -o "$out/forward" -lm -lpthread
+    cc -O3 -std=c11 -DATTNX_TEST_HOOKS ${CFLAGS:-} -I"$src" "${core[@]}" "$here/forward.c" -o "$out/forward" -lm -lpthread
     "$out/forward" "$@" ;;
   *) sed -n '2,12p' "$0"; exit 2 ;;
 esac
