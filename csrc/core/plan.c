@@ -151,15 +151,13 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
      * mask's gradient: its own pass recomputes dS with the FMAs, and both
      * ways must give the same bits. Only where D and Dv round up to 64:
      * against the FMAs on the Xeon with AMX (AB=1 BWD=1 tools/microbench/
-     * run.sh forward: both in one process, medians; H=8, one thread unless
-     * said):
-     *   D=64: L=128 1.04x (2 threads 1.03x), 256 1.11x, 512 (2) 1.11x,
-     *         1024 1.05-1.06x, 2048 (2, causal) 1.08x, 4096 (H=4) 1.09x
-     *         (0.98x before the slices);
-     *   D=32: 1.02x; D=96: 0.98x; D=128: 0.92-0.97x at L=512-4096, where
-     *   qk_split runs no faster than the FMAs between the backward's other
-     *   kernels (alone: 1.6x; not explained: likely its 48 KiB of query
-     *   parts no longer in L1). */
+     * run.sh forward: both in one process, medians of 16; H=8, one thread
+     * unless said):
+     *   D=64: L=256 1.05x, 512 (2 threads) 1.07x, 1024 1.02x (2: 1.03x),
+     *         2048 (2, causal) 1.04x, 4096 (H=4) 1.04x (2 threads, H=8: 1.03x);
+     *   L=1024 D=32: 1.00x; D=96: 0.98x; D=128: 0.98x (L=4096, 2: 1.01x):
+     *   there qk_split runs about as fast as the FMAs between the
+     *   backward's other kernels, though 1.6x alone (not explained). */
     plan->kslice = plan->kchunk;
     plan->split_dp = mask_grad || p->Dv <= 32 || p->Dv > 64 || p->D <= 32 || p->D > 64
                          ? 0
