@@ -14,7 +14,11 @@
  * order) and the dQ rows of its heads; with several key ranges a head (few
  * heads, many threads), each range writes its own dQ partial and the
  * partials are summed afterwards in range order. No atomics: the same bits
- * on every run with a given thread count.
+ * on every run with a given thread count. D is summed once a call, before
+ * the items (dsum_item). With float32 on AMX tiles (plan.split_dp: S and dP
+ * by kt->qk_split), an item takes its keys a slice at a time: the slice's
+ * keys and values split into bfloat16 parts, then every query block of the
+ * group against them, its dQ rows summed slice by slice.
  *
  * A float mask's gradient is summed along the axes the mask is broadcast
  * over (stride 0 in g->dmask) where dS is computed: no (B, Hq, Lq, Lk) array.

@@ -191,8 +191,8 @@ typedef struct {
     int64_t ldqa;    /* dQ accumulator rows: D rounded up to a whole vector */
     size_t scratch;  /* floats per thread (attnx_bwd_scratch_at) */
     size_t partial;  /* floats of the per-range dQ partials, 0 when nsplit is 1 */
-    /* float32 on tiles (AMX) for S = Q Kᵀ and dP = dO Vᵀ: D and Dv rounded up
-     * to 32, or 0 */
+    /* float32 on tiles (AMX) for S = Q Kᵀ and dP = dO Vᵀ: 64 and 64 (D and Dv
+     * of 33 to 64, plan.c), or 0 */
     int64_t split_dp, split_dpv;
     int64_t kslice; /* keys an item splits at a time, a multiple of BK; kchunk without split_dp */
 } bwd_plan;
