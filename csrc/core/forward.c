@@ -138,8 +138,7 @@ static void split_values(void *arg, int tid, int64_t x)
             int64_t v_sl;
             const float *v = attnx_kv_rows(&jb->run, 1, b, hk, j0, nk, s->vbuf, &v_sl);
             jb->run.kt->pack_qt(v, v_sl, nk, Dv, 1.0f, s->acc, BQ);
-            /* (Dv, BQ) of values: split_rows splits nk columns of each, and zeroes the rest to 32
-             */
+            /* nk columns of the (Dv, BQ) values split, zeroed on to 32 */
             special |= jb->run.kt->split_rows(s->acc, BQ, (int)Dv, nk, parts + j0, part, ldv);
         }
         if (done < BQ)

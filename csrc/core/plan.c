@@ -5,16 +5,16 @@
 
 #include "core/core.h"
 
-/* Float32 on AMX tiles: D rounded up to 32 if the scores of r's problem can
- * take kt->qk_split, where a key tile meets at least min_meet query blocks
- * (of the G heads of a group) to pay for splitting it; else 0. Not for
- * decoding, bfloat16 dot products or a post_scale. */
 #ifdef ATTNX_TEST_HOOKS
 /* tools/microbench (AB=1): nonzero keeps float32 off the tiles, so that one
  * process can alternate both ways */
 int attnx_test_no_split = 0;
 #endif
 
+/* Float32 on AMX tiles: D rounded up to 32 if the scores of r's problem can
+ * take kt->qk_split, where a key tile meets at least min_meet query blocks
+ * (of the G heads of a group) to pay for splitting it; else 0. Not for
+ * decoding, bfloat16 dot products or a post_scale. */
 int64_t attnx_split_dims(const attnx_run *r, int64_t min_meet)
 {
 #ifdef ATTNX_TEST_HOOKS
@@ -168,7 +168,6 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
                                8.0 * (double)(p->D + p->Dv); /* K, V, dK, dV rows */
         const double keys = floor((double)BWD_SLICE_BYTES / per_key / BK) * BK;
         if (keys < (double)plan->kchunk) plan->kslice = keys < BK ? BK : (int64_t)keys;
-        /* no overflow below: with D and Dv that fit memory, BK keys' parts do */
     }
     return attnx_bwd_scratch_size(p, plan, &plan->scratch);
 }

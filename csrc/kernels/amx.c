@@ -310,9 +310,10 @@ static int transpose_values(const uint16_t *v, int64_t v_sl, int nk, int64_t Dv,
  * `steps` rows of 32 keys of the products of the values' nv parts (1 for
  * bfloat16 values, 3 for float32 ones split) and P's PARTS: with one value
  * part all three of P's, with three the six whose orders reach 2^-16
- * (a + b <= 2, counting from 0), the smaller first. C[db][qb] in tile 2 db + qb, the values'
- * parts in 4-5, P's in 6-7. vt: (nv, 16 ndb, ldv) part b at vt + b·vpart
- * parts: (PARTS, PAIRS, PART_LD)  acct: (16 ndb, ldq) */
+ * (a + b <= 2, counting from 0), the smaller first. C[db][qb] in tile
+ * 2 db + qb, the values' parts in 4-5, P's in 6-7.
+ * vt: (nv, 16 ndb, ldv) part b at vt + b·vpart  parts: (PARTS, PAIRS, PART_LD)
+ * acct: (16 ndb, ldq) */
 static void pv_block(int ndb, int nqb, const uint16_t *vt, int64_t ldv, int64_t vpart, int nv,
                      const uint32_t *parts, int steps, float *acct, int64_t ldq)
 {
