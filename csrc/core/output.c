@@ -65,9 +65,19 @@ void attnx_fold_sinks(const fwd_job *jb, const fwd_scratch *s, const item_view *
  * only keys whose weight is non-zero, so that a key that gets no weight never
  * leaks into the result, whatever its value holds. Rare: scalar code.
  * o: (Dv) row i of head (b, h); m, l: the row's final max and sum. */
+#ifdef ATTNX_TEST_HOOKS
+/* tests/c (built with -DATTNX_TEST_HOOKS): nonzero leaves rows as the kernels
+ * wrote them, so that a read of the wrong memory that yields NaN shows in
+ * tests with finite inputs instead of being recomputed away */
+int attnx_test_no_repair = 0;
+#endif
+
 static void repair_row(const attnx_run *r, int64_t b, int64_t h, int64_t i, float m, float l,
                        float *o)
 {
+#ifdef ATTNX_TEST_HOOKS
+    if (attnx_test_no_repair) return;
+#endif
     const attnx_problem *p = r->p;
     if (!(l > 0.0f && l < INFINITY) || row_finite(o, p->Dv)) return;
     const head_bounds hb = bounds_of(p, b, h);
