@@ -16,7 +16,9 @@
   lengths), so the tests of that handling check against ``naive`` as well.
 * ``assert_close(actual, expected64)``: the project's accuracy bar against the
   float64 reference, atol=1e-5 and rtol=5e-6; NaN positions must match and
-  infinities must be equal.
+  infinities must be equal. ``check_vjp``: a vjp's gradients for a random
+  upstream gradient against ``attnx.reference_backward``, at ``GATOL`` and
+  ``GRTOL`` (PyTorch's float32 SDPA gradient tolerances).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from attnx import _attnx
 
 ATOL = 1e-5
 RTOL = 5e-6
+# gradients: PyTorch's own float32 tolerances for its CPU SDPA gradients
+GATOL, GRTOL = 1.25e-5, 5.25e-6
 
 
 # --------------------------------------------------------------------- ISAs
@@ -230,6 +234,27 @@ def assert_close(actual, expected64, atol=ATOL, rtol=RTOL, check_dtype=True, err
             f"first at {idx}: actual {a[idx]!r}, expected {e[idx]!r}; "
             f"worst at {worst}: actual {a[worst]!r}, expected {e[worst]!r}, "
             f"|diff| {err[worst]:.3g}")
+
+
+def assert_grads(got, ref, float_mask=False):
+    for name in ("query", "key", "value"):
+        assert_close(getattr(got, name), getattr(ref, name), GATOL, GRTOL, err_msg=name)
+    if float_mask:
+        assert_close(got.attn_mask, ref.attn_mask, GATOL, GRTOL, err_msg="attn_mask")
+    else:
+        assert got.attn_mask is None
+
+
+def check_vjp(rng, q, k, v, **kw):
+    """vjp against the float64 oracle for a random upstream gradient; returns the grads."""
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, **kw)
+    assert_close(out, attnx.reference(q, k, v, **kw), err_msg="output")
+    dout = randn(rng, out.shape)
+    got = vjp(dout)
+    ref = attnx.reference_backward(dout, q, k, v, **kw)
+    m = kw.get("attn_mask")
+    assert_grads(got, ref, float_mask=m is not None and np.asarray(m).dtype != np.bool_)
+    return got
 
 
 def check_against_reference(*args, need_weights=False, **kwargs):

@@ -33,11 +33,10 @@ import pytest
 
 import attnx
 from attnx import _attnx
-from conftest import assert_close, randn, random_bool_mask, random_float_mask
+from conftest import GATOL, GRTOL, assert_close, randn, random_bool_mask, random_float_mask
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
-GATOL, GRTOL = 1.25e-5, 5.25e-6
 
 
 def bf(x):

@@ -14,7 +14,6 @@ blocks, a slice of at most 512 keys at a time (plan.c); not with a mask's
 gradient."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 
 import attnx
 from attnx import _attnx
-from conftest import assert_close, randn, random_bool_mask
+from conftest import assert_close, check_vjp, randn, random_bool_mask
 
 # (B, Hq, Hk, Lq, Lk, D, Dv, options): 12 and 13 query blocks a key tile, by
 # the queries of a head or of a GQA group, D around multiples of 32, masks,
@@ -92,12 +91,13 @@ np.savez(sys.argv[1], **out)
 """
 
 
-def _run(dots, path):
+def _run(dots, path, script=_RUN):
+    """script's arrays, run in a subprocess on avx512 with ATTNX_BF16_DOTS=dots (None: the best)."""
     env = dict(os.environ, ATTNX_ISA="avx512")
     env.pop("ATTNX_BF16_DOTS", None)
     if dots:
         env["ATTNX_BF16_DOTS"] = dots
-    subprocess.run([sys.executable, "-c", _RUN, str(path)], env=env, check=True)
+    subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True)
     return dict(np.load(path))
 
 
@@ -126,8 +126,6 @@ def test_the_tiles_take_prefill_and_leave_the_rest(tmp_path):
                                        err_msg=name)
 
 
-GATOL, GRTOL = 1.25e-5, 5.25e-6   # test_grad.py's: PyTorch's float32 SDPA gradient tolerances
-
 # (B, Hq, Hk, Lq, Lk, D, Dv, options): the backward's split (D, Dv in 33..64)
 # over one and several slices of 512 keys, ranges of keys split across
 # threads (one head), GQA, causal, a window, a softcap, a bool mask, D and
@@ -144,18 +142,10 @@ BACKWARD_CASES = [
 ]
 
 
-def _backward_close(rng, q, k, v, kw):
-    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, **kw)
-    dout = randn(rng, out.shape)
-    got = vjp(dout)
-    ref = attnx.reference_backward(dout, q, k, v, **kw)
-    for name in ("query", "key", "value"):
-        assert_close(getattr(got, name), getattr(ref, name), GATOL, GRTOL, err_msg=name)
-
-
 @pytest.mark.parametrize("case", BACKWARD_CASES, ids=[str(i) for i in range(len(BACKWARD_CASES))])
 def test_backward_float32_is_exact_on_every_path(isa, rng, case):
-    _backward_close(rng, *inputs(rng, case))
+    q, k, v, kw = inputs(rng, case)
+    check_vjp(rng, q, k, v, **kw)
 
 
 @pytest.mark.parametrize("where", ["key", "value"])
@@ -207,14 +197,7 @@ def test_the_backward_takes_the_tiles_where_planned(tmp_path):
     key tile met by one query block keep the FMAs' bits."""
     if "avx512" not in _attnx.available_isas():
         pytest.skip("no AVX-512")
-    env = dict(os.environ, ATTNX_ISA="avx512")
-    env.pop("ATTNX_BF16_DOTS", None)
-    runs = {}
-    for dots in (None, "none"):
-        run_env = dict(env, **({"ATTNX_BF16_DOTS": dots} if dots else {}))
-        path = tmp_path / f"{dots}.npz"
-        subprocess.run([sys.executable, "-c", _RUN_BACKWARD, str(path)], env=run_env, check=True)
-        runs[dots] = dict(np.load(path))
+    runs = {dots: _run(dots, tmp_path / f"{dots}.npz", _RUN_BACKWARD) for dots in (None, "none")}
     assert str(runs["none"].pop("dots")) == "None"
     with_amx = str(runs[None].pop("dots")) == "amx"
     for name, fmas in runs["none"].items():

@@ -16,30 +16,8 @@ import pytest
 import attnx
 from attnx import _attnx
 
-from conftest import assert_close, make_qkv, randn, random_bool_mask, random_float_mask
-
-GATOL, GRTOL = 1.25e-5, 5.25e-6
-
-
-def assert_grads(got, ref, float_mask=False):
-    for name in ("query", "key", "value"):
-        assert_close(getattr(got, name), getattr(ref, name), GATOL, GRTOL, err_msg=name)
-    if float_mask:
-        assert_close(got.attn_mask, ref.attn_mask, GATOL, GRTOL, err_msg="attn_mask")
-    else:
-        assert got.attn_mask is None
-
-
-def check(rng, q, k, v, **kw):
-    """vjp against the float64 oracle for a random upstream gradient; returns the grads."""
-    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, **kw)
-    assert_close(out, attnx.reference(q, k, v, **kw), err_msg="output")
-    dout = randn(rng, out.shape)
-    got = vjp(dout)
-    ref = attnx.reference_backward(dout, q, k, v, **kw)
-    m = kw.get("attn_mask")
-    assert_grads(got, ref, float_mask=m is not None and np.asarray(m).dtype != np.bool_)
-    return got
+from conftest import GATOL, assert_close, make_qkv, randn, random_bool_mask, random_float_mask
+from conftest import check_vjp as check
 
 
 # ----------------------------------------------------------- the oracle

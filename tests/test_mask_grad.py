@@ -26,9 +26,8 @@ import numpy as np
 import pytest
 
 import attnx
-from conftest import assert_close, randn, random_float_mask, under_asan
+from conftest import GATOL, GRTOL, assert_close, randn, random_float_mask, under_asan
 
-GATOL, GRTOL = 1.25e-5, 5.25e-6
 
 # (B, Hq, Hk, Lq, Lk, mask shape, the way the core takes at 2 threads)
 CASES = [

@@ -26,13 +26,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import randn
+from conftest import GATOL, GRTOL, randn
 
 torch = pytest.importorskip("torch")
 import attnx.torch as at  # noqa: E402
 
 F = torch.nn.functional
-GATOL, GRTOL = 1.25e-5, 5.25e-6          # PyTorch's float32 SDPA gradient tolerances
 FATOL, FRTOL = 1e-5, 5e-6                # outputs: the project's accuracy bar
 INF = float("inf")
 

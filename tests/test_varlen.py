@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 import attnx
-from conftest import assert_close, randn
+from conftest import GATOL, GRTOL, assert_close, randn
 
-GATOL, GRTOL = 1.25e-5, 5.25e-6          # test_grad.py's (PyTorch's float32 gradient bar)
 
 # Seven sequences: odd lengths across tile edges, no queries (1, 2), no keys
 # either (1), no keys but queries (6), more queries than keys (3, 6).
