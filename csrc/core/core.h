@@ -198,10 +198,11 @@ typedef struct {
 } bwd_plan;
 
 /* The backward splits an item's keys and values when each key tile meets
- * at least this many query blocks, a slice of keys at a time whose tiles
- * read and write about this many bytes. */
+ * at least this many query blocks, this many keys at a time (a multiple of
+ * BK: their parts and their K, V, dK and dV rows at D = Dv = 64 take 0.9
+ * MiB, and stay in L2). */
 #define BWD_SPLIT_MEET 2
-#define BWD_SLICE_BYTES ((size_t)1 << 20)
+#define BWD_SLICE_KEYS 512
 
 attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan);
 int64_t attnx_split_dims(const attnx_run *r, int64_t min_meet);

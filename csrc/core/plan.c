@@ -145,9 +145,8 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
         return ATTNX_ERR_OVERFLOW;
     /* float32 on tiles for S and dP: an item splits its keys and values a
      * slice of kslice keys at a time, and every query block of its group
-     * meets the slice before the next (its dQ rows summed slice by slice);
-     * kslice keeps what a slice's tiles read and write (the parts, the
-     * key, value, dK and dV rows) near BWD_SLICE_BYTES, in L2. Not with a
+     * meets the slice before the next (its dQ rows summed slice by slice):
+     * BWD_SLICE_KEYS keys, whose tiles' reads and writes stay in L2. Not with a
      * mask's gradient: its own pass recomputes dS with the FMAs, and both
      * ways must give the same bits. Only where D and Dv round up to 64:
      * against the FMAs on the Xeon with AMX (AB=1 BWD=1 tools/microbench/
@@ -163,11 +162,6 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
                          ? 0
                          : attnx_split_dims(r, BWD_SPLIT_MEET);
     plan->split_dpv = plan->split_dp ? 64 : 0;
-    if (plan->split_dp) {
-        const double per_key = 6.0 * (double)(plan->split_dp + plan->split_dpv) + /* parts */
-                               8.0 * (double)(p->D + p->Dv); /* K, V, dK, dV rows */
-        const double keys = floor((double)BWD_SLICE_BYTES / per_key / BK) * BK;
-        if (keys < (double)plan->kchunk) plan->kslice = keys < BK ? BK : (int64_t)keys;
-    }
+    if (plan->split_dp) plan->kslice = min64(plan->kchunk, BWD_SLICE_KEYS);
     return attnx_bwd_scratch_size(p, plan, &plan->scratch);
 }
