@@ -6,7 +6,8 @@
 #                                                AB=1: AMX tiles against FMAs, one process)
 #   tools/microbench/run.sh tile-decode D NQ [kind]  the decoding tile (kind 0/1/2: f32/f16/bf16)
 #   tools/microbench/run.sh decode Hk G Lk D T   decoding (G query rows a KV head), GB/s
-#   tools/microbench/run.sh read BYTES T         read bandwidth of T threads (the roofline)
+#   tools/microbench/run.sh read BYTES T         read bandwidth of T threads (the roofline;
+#                                                CFLAGS="-DFMAS=n": n FMAs on every line read)
 # CFLAGS passes -D options through (e.g. CFLAGS="-DNT=32" or "-DATTNX_BK=64").
 # The user-facing numbers come from `python -m attnx bench`; these isolate
 # one part at a time with min-of-many timing, which survives a noisy machine
@@ -33,7 +34,7 @@ case "$what" in
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/decode.c" -o "$out/decode" -lm -lpthread
     "$out/decode" "$@" ;;
   read)
-    cc -O2 -std=c11 "$here/read.c" -o "$out/read" -lpthread
+    cc -O2 -std=c11 ${CFLAGS:-} "$here/read.c" -o "$out/read" -lpthread
     "$out/read" "$@" ;;
   forward)
     cc -O3 -std=c11 -DATTNX_TEST_HOOKS ${CFLAGS:-} -I"$src" "${core[@]}" "$here/forward.c" -o "$out/forward" -lm -lpthread
