@@ -27,7 +27,9 @@ from conftest import assert_close, check_vjp, randn, random_bool_mask
 
 # (B, Hq, Hk, Lq, Lk, D, Dv, options): 12 and 13 query blocks a key tile, by
 # the queries of a head or of a GQA group, D around multiples of 32, masks,
-# the weights, causal, a window
+# the weights, causal, a window. The heads' parts go through the slots of
+# the forward's pipeline (forward.c): 3 slots and 4 heads (B=2, Hk=2), so
+# that the fourth head's split reuses the first's slot
 CASES = [
     (1, 2, 2, 800, 200, 64, 64, {}),
     (1, 2, 2, 770, 77, 80, 48, {"is_causal": True}),
@@ -37,8 +39,11 @@ CASES = [
     (1, 3, 3, 769, 129, 47, 47, {"mask": "bool"}),
     (1, 2, 2, 768, 33, 7, 9, {}),
     # a head's parts take 12.7 MiB, more than half of ATTNX_SPLIT_BYTES (16
-    # MiB): one head a group, two groups one after the other
+    # MiB): one slot, each head split before its items
     (1, 2, 2, 768, 4096, 256, 256, {}),
+    # 6.4 MiB a head: two slots, and the third head's split waits for the
+    # first head's items
+    (1, 3, 3, 768, 2048, 256, 256, {}),
 ]
 
 
@@ -62,6 +67,23 @@ def test_float32_is_exact_on_every_path(isa, rng, case):
         assert_close(out[1], want[1])
     else:
         assert_close(out, want)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[8]], ids=["2", "3", "1", "2 of 6"])
+def test_the_pipeline_with_more_threads_than_cores(rng, case):
+    """The pipeline's waits (a head's items for its split, a split for the
+    items of its slot's last head) with 7 threads on this machine's cores,
+    some of which wait while the one they wait for is not running; ids: the
+    slots. The items may take key ranges of their own (split-K) here."""
+    q, k, v, kw = inputs(rng, case)
+    want = attnx.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), **kw)
+    before = attnx.get_num_threads()
+    attnx.set_num_threads(7)
+    try:
+        out = attnx.scaled_dot_product_attention(q, k, v, **kw)
+    finally:
+        attnx.set_num_threads(before)
+    assert_close(out, want)
 
 
 _RUN = """

@@ -24,6 +24,7 @@
 #ifndef ATTNX_CORE_H
 #define ATTNX_CORE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -168,9 +169,9 @@ typedef struct {
     int64_t ldacc;   /* accumulator rows: Dv rounded up to a whole vector */
     size_t scratch;  /* floats per thread (attnx_fwd_scratch_at) */
     size_t partial;  /* floats of the split-K partials, 0 when nsplit is 1 */
-    /* with split_dp: the key/value heads (b·Hk + hk) go in groups of
-     * split_heads, each group's parts split before its items run, so that
-     * the parts take at most ATTNX_SPLIT_BYTES (or one head's) */
+    /* with split_dp: the parts of split_heads key/value heads (b·Hk + hk)
+     * are kept at once, head bh's in slot bh % split_heads, at most
+     * ATTNX_SPLIT_SLOTS and ATTNX_SPLIT_BYTES (or one head's) */
     int64_t split_heads;
     int64_t kp_rows; /* rows of a head's key parts, round16(Lk) + 16 */
     size_t kparts;   /* bfloat16 values of a group's key parts */
@@ -178,9 +179,13 @@ typedef struct {
     size_t vparts;   /* with split_pv: bfloat16 values of a group's value parts */
 } fwd_plan;
 
-/* The most memory the parts of a group of heads take, unless one head's
- * take more: 16 MiB (L=1024 D=64: 20 heads; L=16384 D=64: one, 12 MiB). */
+/* The most memory the parts of the heads kept at once take, unless one
+ * head's take more: 16 MiB (L=1024 D=64: 20 heads; L=16384 D=64: one, 12
+ * MiB); and at most 3 heads: the one being split, the one whose items run,
+ * and a spare, so that a split seldom waits for the last items of the head
+ * whose slot it takes. */
 #define ATTNX_SPLIT_BYTES ((size_t)16 << 20)
+#define ATTNX_SPLIT_SLOTS 3
 
 typedef struct {
     int threads;
@@ -308,19 +313,27 @@ typedef struct {
     fwd_plan plan;
     float *partial;   /* nsplit > 1: per item, m (BQ) | l (BQ) | acc (BQ, ldacc) */
     fwd_scratch *scr; /* one per thread */
-    /* with split_dp, for the group of heads from head0 = b0·Hk + hk0: head
-     * (b, hk)'s key parts (3, kp_rows, split_dp) at kparts + x·3·kp_rows·split_dp,
-     * x = b·Hk + hk - head0, and kspecial[x]: whether its keys hold a value
-     * the split cannot take (its tiles then take qk) */
-    int64_t head0, item0; /* and the group's first item */
+    /* with split_dp, in slot x = parts_slot(b, hk): head (b, hk)'s key
+     * parts (3, kp_rows, split_dp) at kparts + x·3·kp_rows·split_dp, and
+     * kspecial[x]: whether its keys hold a value the split cannot take (its
+     * tiles then take qk) */
     uint16_t *kparts;
     unsigned char *kspecial;
-    /* with split_pv: head x's values split and transposed, (3, Dv, ldv) at
+    /* with split_pv: slot x's values split and transposed, (3, Dv, ldv) at
      * vparts + x·3·Dv·ldv, and vspecial[x]: whether its values hold a value
      * the split cannot take (P·V then on FMAs) */
     uint16_t *vparts;
     unsigned char *vspecial;
+    /* slot x holds head bh's parts once ready[x] is bh + 1; done[x] counts
+     * that head's finished items (forward.c, the pipeline) */
+    atomic_llong ready[ATTNX_SPLIT_SLOTS], done[ATTNX_SPLIT_SLOTS];
 } fwd_job;
+
+/* The slot of key/value head (b, hk)'s parts. */
+static inline int64_t parts_slot(const fwd_job *jb, int64_t b, int64_t hk)
+{
+    return (b * jb->run.p->Hk + hk) % jb->plan.split_heads;
+}
 
 /* One item's place in the problem: queries i0 .. i0+rows-1 of head (b, h),
  * of which the first nq attend, to keys [kbeg, kend) of key/value head hk. */
@@ -362,8 +375,12 @@ void attnx_merge_partials(const fwd_job *jb);
 void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg);
 
 /* item(arg, tid, i) for every i in [0, n_items), over nt threads that take
- * the next item from a shared counter. */
+ * the next item from a shared counter, in order: an item may wait for one
+ * taken before it (attnx_wait_for), which a running thread holds. */
 void attnx_parallel_items(int nt, int64_t n_items, void (*item)(void *arg, int tid, int64_t i),
                           void *arg);
+
+/* Wait, spinning and then yielding, until *x reads want (acquire). */
+void attnx_wait_for(atomic_llong *x, long long want);
 
 #endif

@@ -3,8 +3,8 @@
  *
  *   check (validate.c) → plan (plan.c) → scratch (scratch.c)
  *   → the items over the thread pool (items.c, tile.c, output.c); with
- *     float32 on AMX tiles, a group of heads at a time, after their keys
- *     and values are split into bfloat16 parts (below)
+ *     float32 on AMX tiles, each head's after its keys and values are
+ *     split into bfloat16 parts, one pipeline (below)
  *   → split-K partials merged (output.c)
  *
  * With too few query blocks to occupy every thread (decoding), the keys are
@@ -41,12 +41,6 @@ static void run_item(void *arg, int tid, int64_t item)
         part[BQ + i] = 0.0f;
     }
     if (it.nq > 0 && kbeg < kstop) attnx_online_item(jb, s, &it, kbeg, kstop, part);
-}
-
-/* Item i of a group of heads: item item0 + i of the call. */
-static void run_group_item(void *arg, int tid, int64_t i)
-{
-    run_item(arg, tid, ((const fwd_job *)arg)->item0 + i);
 }
 
 static void free_scratch(fwd_job *jb, int taken)
@@ -92,16 +86,14 @@ static attnx_status alloc_scratch(fwd_job *jb)
     return ATTNX_OK;
 }
 
-/* Item x of the group: the keys of head bh = head0 + x = b·Hk + hk split
- * into their bfloat16 parts (kt->split_rows), once for every query block
- * that meets them; the rows past Lk are 0. 16-bit keys are converted a tile
- * at a time first (kt->half_rows, into the thread's kbuf), as the tiles of
- * qk read them. */
-static void split_keys(void *arg, int tid, int64_t x)
+/* The keys of head bh = b·Hk + hk split into their bfloat16 parts
+ * (kt->split_rows) in slot x, once for every query block that meets them;
+ * the rows past Lk are 0. 16-bit keys are converted a tile at a time first
+ * (kt->half_rows, into the thread's kbuf), as the tiles of qk read them. */
+static void split_keys(const fwd_job *jb, int tid, int64_t bh, int64_t x)
 {
-    const fwd_job *jb = arg;
     const attnx_problem *p = jb->run.p;
-    const int64_t bh = jb->head0 + x, b = bh / p->Hk, hk = bh % p->Hk, dp = jb->run.split_dp;
+    const int64_t b = bh / p->Hk, hk = bh % p->Hk, dp = jb->run.split_dp;
     const int64_t part = jb->plan.kp_rows * dp;
     uint16_t *parts = jb->kparts + x * 3 * part;
     int special = 0;
@@ -117,18 +109,17 @@ static void split_keys(void *arg, int tid, int64_t x)
         memset(parts + a * part + done, 0, sizeof *parts * (size_t)(part - done));
 }
 
-/* Item x of the group: the values of head head0 + x split into their parts
- * and transposed, (3, Dv, ldv) (kt->pv_split's vt), BQ keys at a time:
+/* The values of head bh split into their parts in slot x and transposed,
+ * (3, Dv, ldv) (kt->pv_split's vt), BQ keys at a time:
  * transposed by pack_qt into the thread's acc (Dv, BQ), then split by
  * split_rows into their columns of the parts; keys past Lk are 0 (a tile
  * that starts at an unaligned key, in a causal or window band, reads up
  * to 31 past its last). 16-bit values are converted first (vbuf). */
-static void split_values(void *arg, int tid, int64_t x)
+static void split_values(const fwd_job *jb, int tid, int64_t bh, int64_t x)
 {
-    const fwd_job *jb = arg;
     const fwd_scratch *s = &jb->scr[tid];
     const attnx_problem *p = jb->run.p;
-    const int64_t bh = jb->head0 + x, b = bh / p->Hk, hk = bh % p->Hk, Dv = p->Dv;
+    const int64_t b = bh / p->Hk, hk = bh % p->Hk, Dv = p->Dv;
     const int64_t ldv = jb->plan.ldv, part = Dv * ldv; /* Dv % 16 == 0 */
     uint16_t *parts = jb->vparts + x * 3 * part;
     int special = 0;
@@ -148,11 +139,61 @@ static void split_values(void *arg, int tid, int64_t x)
     jb->vspecial[x] = (unsigned char)special;
 }
 
-/* Item x of the group: head head0 + x's keys, and its values with split_pv. */
-static void split_head(void *arg, int tid, int64_t x)
+/* With parts (float32 on AMX tiles) the call is one pipeline of tasks,
+ * taken in order: the split of a head into its slot, then the items of the
+ * head before it, so that one thread splits while the others compute, with
+ * no barrier between heads, and a head's parts are split just before its
+ * items read them (in cache). With S(h) the split of head h and I(h) its
+ * items, and 1 slot: S(0) I(0) S(1) I(1) .. S(H-1) I(H-1); with more,
+ * S(0) and then S(h + 1) half-way through I(h), up to I(H-1). An item
+ * waits until its head's parts are ready; a split waits until every item
+ * of the head whose slot it takes (h - slots) is done, which with 2 slots
+ * were handed out half a head's items before. Both wait only on tasks
+ * taken before them, so some running thread holds each. */
+typedef struct {
+    int64_t head; /* its key/value head, b·Hk + hk */
+    int64_t item; /* the item of that head, or -1: the head's split */
+} pipeline_task;
+
+static pipeline_task task_at(const fwd_job *jb, int64_t t)
 {
-    split_keys(arg, tid, x);
-    if (((const fwd_job *)arg)->vparts) split_values(arg, tid, x);
+    const int64_t heads = jb->run.p->B * jb->run.p->Hk, per = jb->plan.n_items / heads;
+    const int64_t ahead = jb->plan.split_heads > 1; /* splits ahead of the items */
+    pipeline_task k;
+    if (t < ahead) { /* S(0) */
+        k.head = t, k.item = -1;
+        return k;
+    }
+    t -= ahead; /* blocks of the items I(h) with S(h + ahead) at m, then items only */
+    const int64_t with_split = (heads - ahead) * (per + 1), m = ahead ? per / 2 : 0;
+    if (t < with_split) {
+        const int64_t h = t / (per + 1), r = t % (per + 1);
+        k.head = r == m ? h + ahead : h;
+        k.item = r == m ? -1 : r < m ? r : r - 1;
+        return k;
+    }
+    t -= with_split;
+    k.head = heads - ahead + t / per, k.item = t % per;
+    return k;
+}
+
+static void run_task(void *arg, int tid, int64_t t)
+{
+    fwd_job *jb = arg;
+    const int64_t heads = jb->run.p->B * jb->run.p->Hk, per = jb->plan.n_items / heads;
+    const pipeline_task k = task_at(jb, t);
+    const int64_t x = k.head % jb->plan.split_heads;
+    if (k.item >= 0) {
+        attnx_wait_for(&jb->ready[x], k.head + 1);
+        run_item(jb, tid, k.head * per + k.item);
+        atomic_fetch_add_explicit(&jb->done[x], 1, memory_order_release);
+        return;
+    }
+    if (k.head >= jb->plan.split_heads) attnx_wait_for(&jb->done[x], per); /* its last head's */
+    atomic_store_explicit(&jb->done[x], 0, memory_order_relaxed);
+    split_keys(jb, tid, k.head, x);
+    if (jb->vparts) split_values(jb, tid, k.head, x);
+    atomic_store_explicit(&jb->ready[x], k.head + 1, memory_order_release);
 }
 
 /* Nothing to compute: no output rows, or rows of width 0 and nothing else asked. */
@@ -216,19 +257,16 @@ attnx_status attnx_forward(const attnx_problem *p)
     attnx_problem folded;
     if (fold_gqa_decode(p, &folded)) p = &folded;
     fwd_job jb = {.run = attnx_run_of(p)};
+    for (int x = 0; x < ATTNX_SPLIT_SLOTS; x++) {
+        atomic_init(&jb.ready[x], 0);
+        atomic_init(&jb.done[x], 0);
+    }
     if ((st = attnx_plan_forward(&jb.run, &jb.plan)) != ATTNX_OK) return st;
     if ((st = alloc_scratch(&jb)) != ATTNX_OK) return st;
-    if (!jb.kparts) {
+    if (!jb.kparts)
         attnx_parallel_items(jb.plan.threads, jb.plan.n_items, run_item, &jb);
-    } else { /* a group of heads at a time: split, then their items */
-        const int64_t heads = p->B * p->Hk, per_head = jb.plan.n_items / heads;
-        for (jb.head0 = 0; jb.head0 < heads; jb.head0 += jb.plan.split_heads) {
-            const int64_t n = min64(jb.plan.split_heads, heads - jb.head0);
-            attnx_parallel_items(jb.plan.threads, n, split_head, &jb);
-            jb.item0 = jb.head0 * per_head;
-            attnx_parallel_items(jb.plan.threads, n * per_head, run_group_item, &jb);
-        }
-    }
+    else /* every head's split and items */
+        attnx_parallel_items(jb.plan.threads, p->B * p->Hk + jb.plan.n_items, run_task, &jb);
     if (jb.plan.nsplit > 1) attnx_merge_partials(&jb);
     free_scratch(&jb, jb.plan.threads);
     return ATTNX_OK;

@@ -77,7 +77,7 @@ static query_packing pack_queries(const fwd_job *jb, const fwd_scratch *s, const
             return QUERIES_PAIRS;
         attnx_pack_rows_t(jb->run.kt, q, p->q.sl, it->nq, p->D, jb->run.pre_scale, s->qt);
         const int64_t dp = jb->run.split_dp;
-        if (dp && !jb->kspecial[it->b * p->Hk + it->hk - jb->head0] &&
+        if (dp && !jb->kspecial[parts_slot(jb, it->b, it->hk)] &&
             !jb->run.kt->split_pairs(s->qt, BQ, it->nq, p->D, dp, s->qparts, dp / 2 * BQ))
             return QUERIES_SPLIT;
         return QUERIES_FLOAT;
@@ -109,7 +109,7 @@ static item_path start_rows(const fwd_job *jb, const fwd_scratch *s, const item_
     if (path.queries == QUERIES_PAIRS && jb->run.pv_tiles)
         path.values = VALUES_BF16_TILES;
     else if (jb->run.split_pv && !rows_layout(jb, it->nq) &&
-             !jb->vspecial[it->b * jb->run.p->Hk + it->hk - jb->head0])
+             !jb->vspecial[parts_slot(jb, it->b, it->hk)])
         path.values = VALUES_SPLIT_TILES;
     path.tiles = path.values != VALUES_ROWS;
     for (int i = 0; i < BQ; i++) {
@@ -149,7 +149,7 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
     const attnx_half_tensor *k16 = &p->k16;
     if (queries == QUERIES_SPLIT) {
         const int64_t dp = jb->run.split_dp, part = jb->plan.kp_rows * dp;
-        const uint16_t *kp = jb->kparts + (it->b * p->Hk + it->hk - jb->head0) * 3 * part + j0 * dp;
+        const uint16_t *kp = jb->kparts + parts_slot(jb, it->b, it->hk) * 3 * part + j0 * dp;
         jb->run.kt->qk_split(s->qparts, BQ, it->nq, kp, part, nk, dp, s->st);
         attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 0);
         return;
@@ -184,7 +184,7 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     const attnx_problem *p = jb->run.p;
     if (path->values == VALUES_SPLIT_TILES) {
         const int64_t ldv = jb->plan.ldv, part = p->Dv * ldv;
-        const uint16_t *vt = jb->vparts + (it->b * p->Hk + it->hk - jb->head0) * 3 * part + j0;
+        const uint16_t *vt = jb->vparts + parts_slot(jb, it->b, it->hk) * 3 * part + j0;
         jb->run.kt->pv_split(s->st, BQ, it->nq, vt, ldv, part, nk, p->Dv, alpha, s->acct,
                              s->pv_work);
         return;

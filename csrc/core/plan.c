@@ -104,8 +104,10 @@ attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan)
     if (r->split_dp) { /* a head's parts, in bfloat16 values: no overflow, Lk and D fit memory */
         const size_t kh = 3 * (size_t)plan->kp_rows * (size_t)r->split_dp;
         const size_t vh = r->split_pv ? 3 * (size_t)p->Dv * (size_t)plan->ldv : 0;
-        const size_t heads = (size_t)(p->B * p->Hk), fit = ATTNX_SPLIT_BYTES / 2 / (kh + vh);
-        plan->split_heads = (int64_t)(fit < 1 ? 1 : fit > heads ? heads : fit);
+        size_t fit = ATTNX_SPLIT_BYTES / 2 / (kh + vh);
+        if (fit > ATTNX_SPLIT_SLOTS) fit = ATTNX_SPLIT_SLOTS;
+        if (fit > (size_t)(p->B * p->Hk)) fit = (size_t)(p->B * p->Hk);
+        plan->split_heads = (int64_t)(fit < 1 ? 1 : fit);
         if (!mul_ok((size_t)plan->split_heads, kh, &plan->kparts) ||
             !mul_ok((size_t)plan->split_heads, vh, &plan->vparts) ||
             plan->kparts > SIZE_MAX - 1 - plan->vparts)

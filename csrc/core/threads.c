@@ -296,6 +296,14 @@ static void take_items(void *q_, int tid)
     }
 }
 
+void attnx_wait_for(atomic_llong *x, long long want)
+{
+    for (int i = 1; atomic_load_explicit(x, memory_order_acquire) != want; i++) {
+        cpu_relax();
+        if (i >= 1024) sched_yield(); /* more threads than cores: let the awaited one run */
+    }
+}
+
 void attnx_parallel_items(int nt, int64_t n_items, void (*item)(void *arg, int tid, int64_t i),
                           void *arg)
 {
