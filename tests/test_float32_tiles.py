@@ -69,12 +69,13 @@ def test_float32_is_exact_on_every_path(isa, rng, case):
         assert_close(out, want)
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[8]], ids=["2", "3", "1", "2 of 6"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[8]],
+                         ids=["2 slots 2 heads", "3 slots 4 heads", "1 slot", "2 slots 3 heads"])
 def test_the_pipeline_with_more_threads_than_cores(rng, case):
     """The pipeline's waits (a head's items for its split, a split for the
     items of its slot's last head) with 7 threads on this machine's cores,
-    some of which wait while the one they wait for is not running; ids: the
-    slots. The items may take key ranges of their own (split-K) here."""
+    some of which wait while the one they wait for is not running. The items
+    may take key ranges of their own (split-K) here."""
     q, k, v, kw = inputs(rng, case)
     want = attnx.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), **kw)
     before = attnx.get_num_threads()

@@ -174,16 +174,16 @@ typedef struct {
      * ATTNX_SPLIT_SLOTS and ATTNX_SPLIT_BYTES (or one head's) */
     int64_t split_heads;
     int64_t kp_rows; /* rows of a head's key parts, round16(Lk) + 16 */
-    size_t kparts;   /* bfloat16 values of a group's key parts */
+    size_t kparts;   /* bfloat16 values of the slots' key parts */
     int64_t ldv;     /* with split_pv: keys a row of a head's value parts, round64(Lk) + 64 */
-    size_t vparts;   /* with split_pv: bfloat16 values of a group's value parts */
+    size_t vparts;   /* with split_pv: bfloat16 values of the slots' value parts */
 } fwd_plan;
 
 /* The most memory the parts of the heads kept at once take, unless one
- * head's take more: 16 MiB (L=1024 D=64: 20 heads; L=16384 D=64: one, 12
- * MiB); and at most 3 heads: the one being split, the one whose items run,
- * and a spare, so that a split seldom waits for the last items of the head
- * whose slot it takes. */
+ * head's take more: 16 MiB (L=1024 D=64 would fit 20 heads; L=16384 D=64:
+ * one, 12 MiB); and at most 3 heads: the one being split, the one whose
+ * items run, and a spare, so that a split seldom waits for the last items
+ * of the head whose slot it takes. */
 #define ATTNX_SPLIT_BYTES ((size_t)16 << 20)
 #define ATTNX_SPLIT_SLOTS 3
 

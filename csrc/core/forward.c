@@ -140,9 +140,9 @@ static void split_values(const fwd_job *jb, int tid, int64_t bh, int64_t x)
 }
 
 /* With parts (float32 on AMX tiles) the call is one pipeline of tasks,
- * taken in order: the split of a head into its slot, then the items of the
- * head before it, so that one thread splits while the others compute, with
- * no barrier between heads, and a head's parts are split just before its
+ * taken in order: each head's split into its slot, interleaved with the
+ * items, so that one thread splits while the others compute, with no
+ * barrier between heads, and a head's parts are split just before its
  * items read them (in cache). With S(h) the split of head h and I(h) its
  * items, and 1 slot: S(0) I(0) S(1) I(1) .. S(H-1) I(H-1); with more,
  * S(0) and then S(h + 1) half-way through I(h), up to I(H-1). An item

@@ -298,9 +298,13 @@ static void take_items(void *q_, int tid)
 
 void attnx_wait_for(atomic_llong *x, long long want)
 {
-    for (int i = 1; atomic_load_explicit(x, memory_order_acquire) != want; i++) {
-        cpu_relax();
-        if (i >= 1024) sched_yield(); /* more threads than cores: let the awaited one run */
+    for (int spins = 0; atomic_load_explicit(x, memory_order_acquire) != want;) {
+        if (spins < 1024) {
+            cpu_relax();
+            spins++;
+        } else {
+            sched_yield(); /* more threads than cores: let the awaited one run */
+        }
     }
 }
 
