@@ -23,6 +23,7 @@ import pytest
 
 import attnx
 from attnx import _attnx
+from attnx._functional import CALL_THREADS
 from conftest import assert_close, check_vjp, randn, random_bool_mask
 
 # (B, Hq, Hk, Lq, Lk, D, Dv, options): 12 and 13 query blocks a key tile, by
@@ -57,8 +58,8 @@ def inputs(rng, case):
     return q, k, v, kw
 
 
-@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_float32_is_exact_on_every_path(isa, rng, case):
+def check_exact(rng, case):
+    """attnx against the float64 reference on a case's inputs."""
     q, k, v, kw = inputs(rng, case)
     out = attnx.scaled_dot_product_attention(q, k, v, **kw)
     want = attnx.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), **kw)
@@ -69,22 +70,24 @@ def test_float32_is_exact_on_every_path(isa, rng, case):
         assert_close(out, want)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_float32_is_exact_on_every_path(isa, rng, case):
+    check_exact(rng, case)
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[8]],
                          ids=["2 slots 2 heads", "3 slots 4 heads", "1 slot", "2 slots 3 heads"])
 def test_the_pipeline_with_more_threads_than_cores(rng, case):
     """The pipeline's waits (a head's items for its split, a split for the
-    items of its slot's last head) with 7 threads on this machine's cores,
-    some of which wait while the one they wait for is not running. The items
-    may take key ranges of their own (split-K) here."""
-    q, k, v, kw = inputs(rng, case)
-    want = attnx.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), **kw)
-    before = attnx.get_num_threads()
-    attnx.set_num_threads(7)
+    items of its slot's last head) with 7 threads for the call
+    (CALL_THREADS) on this machine's cores, some of which wait while the one
+    they wait for is not running. The items may take key ranges of their
+    own (split-K) here."""
+    token = CALL_THREADS.set(7)
     try:
-        out = attnx.scaled_dot_product_attention(q, k, v, **kw)
+        check_exact(rng, case)
     finally:
-        attnx.set_num_threads(before)
-    assert_close(out, want)
+        CALL_THREADS.reset(token)
 
 
 _RUN = """

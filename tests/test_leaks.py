@@ -33,7 +33,7 @@ import pytest
 
 import attnx
 from attnx import _attnx
-from conftest import assert_close, under_asan
+from conftest import under_asan
 
 sdpa = attnx.scaled_dot_product_attention
 

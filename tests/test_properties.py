@@ -59,7 +59,7 @@ from hypothesis import strategies as st  # noqa: E402
 import attnx  # noqa: E402
 from attnx import _attnx  # noqa: E402
 from attnx._args import attention_args  # noqa: E402
-from conftest import ATOL, BF16, LOW_FLOATS, RTOL, assert_close  # noqa: E402
+from conftest import ATOL, LOW_FLOATS, RTOL, assert_close  # noqa: E402
 
 EPS32 = 2.0 ** -24
 FLOATS = (np.float32, *LOW_FLOATS, np.float64)   # float32 first: shrinks towards it

@@ -26,13 +26,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import GATOL, GRTOL, randn
+from conftest import ATOL, GATOL, GRTOL, RTOL, randn
 
 torch = pytest.importorskip("torch")
 import attnx.torch as at  # noqa: E402
 
 F = torch.nn.functional
-FATOL, FRTOL = 1e-5, 5e-6                # outputs: the project's accuracy bar
 INF = float("inf")
 
 
@@ -157,7 +156,7 @@ def run_both(rng, c, q, k, v, *, attn_mask=None, sinks=None):
 
 def assert_match(ours, theirs):
     assert ours.keys() == theirs.keys()
-    np.testing.assert_allclose(ours["output"], theirs["output"], atol=FATOL, rtol=FRTOL,
+    np.testing.assert_allclose(ours["output"], theirs["output"], atol=ATOL, rtol=RTOL,
                                err_msg="output")
     assert np.isfinite(ours["output"]).all()
     for name in ours:

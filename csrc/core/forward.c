@@ -155,9 +155,9 @@ typedef struct {
     int64_t item; /* the item of that head, or -1: the head's split */
 } pipeline_task;
 
-static pipeline_task task_at(const fwd_job *jb, int64_t t)
+/* Task t of the pipeline over `heads` heads of `per` items each. */
+static pipeline_task task_at(const fwd_job *jb, int64_t heads, int64_t per, int64_t t)
 {
-    const int64_t heads = jb->run.p->B * jb->run.p->Hk, per = jb->plan.n_items / heads;
     const int64_t ahead = jb->plan.split_heads > 1; /* splits ahead of the items */
     pipeline_task k;
     if (t < ahead) { /* S(0) */
@@ -181,7 +181,7 @@ static void run_task(void *arg, int tid, int64_t t)
 {
     fwd_job *jb = arg;
     const int64_t heads = jb->run.p->B * jb->run.p->Hk, per = jb->plan.n_items / heads;
-    const pipeline_task k = task_at(jb, t);
+    const pipeline_task k = task_at(jb, heads, per, t);
     const int64_t x = k.head % jb->plan.split_heads;
     if (k.item >= 0) {
         attnx_wait_for(&jb->ready[x], k.head + 1);
