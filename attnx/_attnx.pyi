@@ -65,7 +65,12 @@ def use_openmp(on: bool, under: Optional[str] = None, /) -> Optional[str]:
     """Private (attnx.torch): run the calls' threads on the team of an OpenMP runtime
     already loaded (torch's libgomp; the first under the directory ``under`` if there
     is one) if ``on``, else on attnx's pool. Returns the runtime's file when its team
-    is used, else None."""
+    is used, else None. Only the calls of a thread inside ``on_team(True)`` take it."""
+
+def on_team(on: bool, /) -> bool:
+    """Private (attnx.torch): whether this thread's calls may run on the OpenMP team
+    ``use_openmp`` found (``True``) or only on attnx's pool (``False``, the default:
+    NumPy calls never start that team's threads). Returns the previous setting."""
 EXP_FLUSH_BELOW: float
 """exp(x) is exactly 0 below this: a weight of a score further below its row's max is 0."""
 ISA_NAMES: tuple[str, ...]

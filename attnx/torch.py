@@ -30,15 +30,19 @@ from . import _attnx
 
 __all__ = ["scaled_dot_product_attention"]
 
-#: The OpenMP runtime whose threads attnx's calls run on from now on (torch's
+#: The OpenMP runtime whose threads this module's calls run on (torch's
 #: libgomp), or None (attnx's own pool). After each of its ops, torch's OpenMP
 #: workers spin for milliseconds; attnx's pool, woken beside them, shared the
 #: cores with them: one bfloat16 attention call of a SmolLM-shaped layer
 #: right after a torch op took 5.4 ms on 2 threads, 3.1 ms on torch's team
-#: (the call alone 2.9; Intel Xeon with AMX, 2 vCPUs). Every call of the
-#: process takes that team, NumPy's too; results are the same bits. The
-#: runtime under torch's own directory is preferred (another library may
-#: have loaded the system's libgomp first).
+#: (the call alone 2.9; Intel Xeon with AMX, 2 vCPUs). Only the calls made
+#: here, in place of torch's own ops, take that team (``_threads_for``);
+#: NumPy calls stay on attnx's pool, so that importing this module never
+#: starts libgomp's threads where torch had not (a process whose libgomp team
+#: ran hangs in its fork children's first parallel region). A fork child of a
+#: process with attnx loaded never takes the team. Results are the same bits
+#: either way. The runtime under torch's own directory is preferred (another
+#: library may have loaded the system's libgomp first).
 OPENMP = _attnx.use_openmp(True, os.path.dirname(torch.__file__) + os.sep)
 
 
@@ -113,8 +117,8 @@ def _lean(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal
     # q's bfloat16 values, as the checked path passes them: only where bfloat16
     # tensors become bfloat16 arrays there (the same bits either way)
     q_bf16 = query.dtype == torch.bfloat16 and bfloat16_arrays()
-    out = plain_forward(q, k, v, is_causal, scale, enable_gqa, q_bf16,
-                        threads=_call_threads(query, key, "bhld"))
+    with _threads_for(query, key, "bhld"):
+        out = plain_forward(q, k, v, is_causal, scale, enable_gqa, q_bf16)
     return None if out is None else torch.from_numpy(out).to(query.dtype)
 
 
@@ -165,11 +169,14 @@ def _call_threads(query: torch.Tensor, key: torch.Tensor, layout: Layout,
 @contextlib.contextmanager
 def _threads_for(query: torch.Tensor, key: torch.Tensor, layout: Layout,
                  flops_per_score: float = 4.0) -> Iterator[None]:
-    """The calls made in this context take _call_threads' count."""
+    """The calls made in this context take _call_threads' count, on torch's
+    OpenMP team where there is one (OPENMP)."""
     token = CALL_THREADS.set(_call_threads(query, key, layout, flops_per_score))
+    was = _attnx.on_team(True)
     try:
         yield
     finally:
+        _attnx.on_team(was)
         CALL_THREADS.reset(token)
 
 

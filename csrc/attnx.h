@@ -234,15 +234,26 @@ const char *attnx_isa_name_at(int i); /* NULL outside [0, count) */
 int attnx_get_num_threads(void);
 void attnx_set_num_threads(int n); /* n <= 0: the default */
 
-/* on = 1: run each call's threads on the team of an OpenMP runtime already
- * loaded in this process (libgomp or Intel's libiomp, e.g. torch's), whose
- * workers are still spinning after that library's own parallel work, instead
- * of on attnx's pool; the first found under the directory `under` (NULL: no
- * preference), else the first loaded. on = 0: on the pool again. Returns the
- * runtime's file when its team is used from now on, NULL otherwise (none is
- * loaded, or on = 0). Once found, a runtime is kept. A fork() child goes back
- * to the pool. */
+/* Registers the pool's fork() handlers; call once when the library loads, so
+ * that a fork child knows it is one (idempotent, thread-safe). */
+void attnx_threads_init(void);
+
+/* on = 1: the calls of threads inside attnx_on_team(1) run on the team of an
+ * OpenMP runtime already loaded in this process (libgomp or Intel's libiomp,
+ * e.g. torch's), whose workers are still spinning after that library's own
+ * parallel work, instead of on attnx's pool; the first found under the
+ * directory `under` (NULL: no preference), else the first loaded. on = 0: on
+ * the pool again. Returns the runtime's file when its team is used from now
+ * on, NULL otherwise (none is loaded, on = 0, or this process is a fork()
+ * child of one that had attnx loaded: there, always the pool). Once found, a
+ * runtime is kept. */
 const char *attnx_use_openmp(int on, const char *under);
+
+/* Whether the calling thread's calls may run on that team (1) or only on the
+ * pool (0, the default); returns the previous setting. Only calls that stand
+ * in for the team's own library's work (attnx.torch's) should: a process in
+ * which the team never started forks safely, one whose team ran does not. */
+int attnx_on_team(int on);
 
 /* The FP32 FMA peak of the active instruction set on num_threads threads of
  * the pool (<= 0: attnx_get_num_threads()), in GFLOP/s: register-only FMA

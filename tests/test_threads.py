@@ -34,6 +34,7 @@ def _set_runner(team):
     team's library, or None."""
     from attnx import _attnx
     name = _attnx.use_openmp(team)
+    _attnx.on_team(team)   # this thread's NumPy calls too, as attnx.torch's are
     at = sys.modules.get("attnx.torch")
     if at is not None:
         at.OPENMP = name
@@ -380,17 +381,19 @@ before = len(os.listdir("/proc/self/task"))
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 4, 512, 64), dtype=np.float32) for _ in range(3))
 ref = attnx.reference(q, k, v)
+tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
 for _ in range(3):
-    np.testing.assert_allclose(attnx.scaled_dot_product_attention(q, k, v), ref, atol=1e-5, rtol=1e-5)
+    out = at.scaled_dot_product_attention(tq, tk, tv).numpy()
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
 print(at.OPENMP is not None, len(os.listdir("/proc/self/task")) - before)
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
 def test_torch_team_runs_the_threads():
-    """With attnx.torch imported, a 2-thread call starts no thread of attnx's
-    own: its second thread is one of torch's OpenMP team; on the pool, a
-    worker is started."""
+    """With attnx.torch imported, a 2-thread call through it starts no thread
+    of attnx's own: its second thread is one of torch's OpenMP team; on the
+    pool, a worker is started."""
     pytest.importorskip("torch")
     got = {}
     for mode in ("team", "pool"):
@@ -408,6 +411,7 @@ import ctypes, sys, numpy as np, torch, attnx
 ctypes.CDLL(sys.argv[1])  # a second OpenMP runtime, loaded after torch's
 from attnx import _attnx
 name = _attnx.use_openmp(True, *sys.argv[2:])
+_attnx.on_team(True)
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 4, 256, 64), dtype=np.float32) for _ in range(3))
 attnx.set_num_threads(2)
@@ -443,3 +447,92 @@ def test_openmp_runtime_under_a_directory_first(tmp_path):
     assert pick(torch_dir).startswith(torch_dir)
     assert pick().startswith(torch_dir)
     assert pick(str(tmp_path / "none") + os.sep).startswith(torch_dir)
+
+
+# Issue 33's fork hangs. Each script forks once; the parent waits for the
+# child at most 60 s, then kills it and prints "hung" (a hang fails the test,
+# it does not stop the run), else the child's exit status.
+_FORK_WAIT = """
+def wait(pid):
+    import time, signal
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            print("exit", os.waitstatus_to_exitcode(status))
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    print("hung")
+"""
+
+_CHILD_IMPORTS_ATTNX_TORCH = _FORK_WAIT + """
+import os, numpy as np, torch, attnx
+torch.set_num_threads(2)
+attnx.set_num_threads(2)
+q = np.random.default_rng(0).standard_normal((1, 4, 1024, 64), dtype=np.float32)
+x = torch.randn(1024, 1024); x @ x            # torch's OpenMP team runs here
+pid = os.fork()
+if pid == 0:
+    import attnx.torch as at                  # first imported in the child
+    out = attnx.scaled_dot_product_attention(q, q, q)
+    np.testing.assert_allclose(out, attnx.reference(q, q, q), atol=1e-5, rtol=1e-5)
+    tq = torch.from_numpy(q)
+    out = at.scaled_dot_product_attention(tq, tq, tq).numpy()
+    np.testing.assert_allclose(out, attnx.reference(q, q, q), atol=1e-5, rtol=1e-5)
+    os._exit(0)
+wait(pid)
+"""
+
+_TORCH_CHILD_AFTER_ATTNX = _FORK_WAIT + """
+import os, sys, numpy as np, torch, attnx
+torch.set_num_threads(2)
+attnx.set_num_threads(2)
+if sys.argv[1] == "import":
+    import attnx.torch                        # finds torch's libgomp
+q = np.random.default_rng(0).standard_normal((1, 4, 1024, 64), dtype=np.float32)
+for _ in range(3):
+    attnx.scaled_dot_product_attention(q, q, q)   # NumPy calls, 2 threads
+pid = os.fork()
+if pid == 0:
+    torch.ones(1 << 22).add_(1).sum()         # torch's first parallel op, in the child
+    os._exit(0)
+wait(pid)
+"""
+
+
+def _fork_script(script, *args):
+    res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                         text=True, timeout=240)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()[-2:] if "exit" in res.stdout else res.stdout.split()[-1:]
+
+
+needs_fork_and_torch = pytest.mark.skipif(
+    sys.platform == "win32" or "fork" not in multiprocessing.get_all_start_methods(),
+    reason="no fork() here")
+
+
+@needs_fork_and_torch
+def test_fork_child_after_torch_op_imports_attnx_torch():
+    """Issue 33, defect 1: after the parent ran a torch op (libgomp's team
+    started), a fork child that imports attnx.torch for the first time runs
+    its multi-threaded calls, NumPy's and torch's, on attnx's own pool: the
+    parent's team did not come along, and a child that joins it waits
+    forever (was: both calls hung)."""
+    pytest.importorskip("torch")
+    assert _fork_script(_CHILD_IMPORTS_ATTNX_TORCH) == ["exit", "0"]
+
+
+@needs_fork_and_torch
+@pytest.mark.parametrize("attnx_torch", ["import", "no-import"])
+def test_torch_fork_child_after_attnx_numpy_calls(attnx_torch):
+    """Issue 33, defect 2: attnx's NumPy calls never start libgomp's threads,
+    with attnx.torch imported or not, so a fork child's first parallel torch
+    op runs as it does in a process without attnx (was: with attnx.torch
+    imported, the NumPy calls ran on torch's team, and the child hung)."""
+    torch = pytest.importorskip("torch")
+    if torch.get_num_threads() < 2 and (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: torch runs no parallel region")
+    assert _fork_script(_TORCH_CHILD_AFTER_ATTNX, attnx_torch) == ["exit", "0"]

@@ -8,19 +8,26 @@
  * so that back-to-back calls find them awake, then sleep on a condition
  * variable.
  *
- * fork(): a child has none of the parent's workers. pthread_atfork handlers
- * hold the pool's lock across fork() and reset the pool in the child, which
- * then starts workers of its own on its first parallel call (libgomp's pool
- * is known to hang there instead).
+ * fork(): a child has none of the parent's workers. pthread_atfork handlers,
+ * registered when the module loads (attnx_threads_init), hold the pool's lock
+ * across fork() and reset the pool in the child, which then starts workers of
+ * its own on its first parallel call. A child never runs a section on an
+ * OpenMP team: libgomp's team did not come along either, and a child that
+ * joins it waits for it forever.
  *
  * Several Python threads may call at once (the GIL is released): one owns the
  * pool for its section, the others run their section alone on their own
  * thread, which is always correct since the threads of a call take its items
  * from a shared counter (attnx_parallel_items).
  *
- * Another library's OpenMP threads: attnx_use_openmp(1) runs the sections on
- * the team of an OpenMP runtime already loaded in the process (libgomp's
- * GOMP_parallel, as torch's own libgomp.so.1 exports it) instead of the pool.
+ * Another library's OpenMP threads: after attnx_use_openmp(1), the calls a
+ * thread makes between attnx_on_team(1) and attnx_on_team(0) (attnx.torch's
+ * calls, in place of torch's own ops) run their sections on the team of an
+ * OpenMP runtime already loaded in the process (libgomp's GOMP_parallel, as
+ * torch's own libgomp.so.1 exports it) instead of the pool. Other calls
+ * (NumPy's) never start that team's threads: a process whose team never ran
+ * forks children in which the team still works (libgomp's does not survive a
+ * fork once its threads exist).
  * After each of its ops, torch's OpenMP workers spin for milliseconds
  * (libgomp's GOMP_SPINCOUNT, 300000 pauses): the pool's workers woken beside
  * them share the cores with spinning threads. On their own team the spinning
@@ -71,6 +78,10 @@ static struct {
     char name[512]; /* its file */
 } omp = {.mu = PTHREAD_MUTEX_INITIALIZER};
 static atomic_int omp_on;
+/* 1 in a fork() child of a process that had attnx loaded: no OpenMP team here */
+static atomic_int forked;
+/* 1 while this thread's calls may run on the team (attnx_on_team) */
+static _Thread_local int on_team;
 
 static inline void cpu_relax(void)
 {
@@ -143,6 +154,7 @@ static void after_fork_child(void)
     /* the workers did not come along: start afresh, on the pool (libgomp's
      * team did not come along either, and it waits for it) */
     atomic_store(&omp_on, 0);
+    atomic_store(&forked, 1);
     pthread_mutex_init(&omp.mu, NULL);
     pthread_mutex_init(&pool.mu, NULL);
     pthread_cond_init(&pool.wake, NULL);
@@ -162,6 +174,8 @@ static void pool_init(void)
     }
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
+
+void attnx_threads_init(void) { pthread_once(&pool_once, pool_init); }
 
 /* Start workers until there are n - 1 (under mu); fewer if a thread cannot
  * be created: the counter of items shares the work among those there are. */
@@ -236,10 +250,17 @@ const char *attnx_use_openmp(int on, const char *under)
     pthread_mutex_lock(&omp.mu);
     if (on && !omp.parallel && under) dl_iterate_phdr(find_openmp, (void *)under);
     if (on && !omp.parallel) dl_iterate_phdr(find_openmp, "");
-    const int use = on && omp.parallel != NULL;
+    const int use = on && omp.parallel != NULL && !atomic_load(&forked);
     atomic_store(&omp_on, use);
     pthread_mutex_unlock(&omp.mu);
     return use ? omp.name : NULL;
+}
+
+int attnx_on_team(int on)
+{
+    const int was = on_team;
+    on_team = on != 0;
+    return was;
 }
 
 typedef struct {
@@ -262,7 +283,7 @@ void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg)
     }
     pthread_once(&pool_once, pool_init);
     if (n > MAX_THREADS) n = MAX_THREADS;
-    if (atomic_load(&omp_on)) {
+    if (on_team && atomic_load(&omp_on)) {
         /* a team of at most n threads, numbered 0 (this one) .. n-1 */
         omp_section s = {fn, arg};
         omp.parallel(omp_body, &s, (unsigned)n, 0);

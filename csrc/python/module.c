@@ -583,6 +583,13 @@ static PyObject *py_use_openmp(PyObject *self, PyObject *args)
     return PyUnicode_DecodeFSDefault(name);
 }
 
+static PyObject *py_on_team(PyObject *self, PyObject *arg)
+{
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    return PyBool_FromLong(attnx_on_team(on));
+}
+
 /* ---- fingerprints ------------------------------------------------------------------ */
 
 PyDoc_STRVAR(fingerprint_doc,
@@ -678,6 +685,10 @@ static PyMethodDef methods[] = {
      "team of an OpenMP runtime already loaded (torch's libgomp; the first under the\n"
      "directory under if there is one) if on, else on attnx's pool. Returns the\n"
      "runtime's file when its team is used, else None."},
+    {"on_team", py_on_team, METH_O,
+     "on_team(on)\n--\n\nPrivate (attnx.torch): whether this thread's calls may run on\n"
+     "the OpenMP team use_openmp found (True) or only on attnx's pool (False, the\n"
+     "default). Returns the previous setting."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -715,6 +726,7 @@ static int add_constants(PyObject *m)
 PyMODINIT_FUNC PyInit__attnx(void)
 {
     import_array();
+    attnx_threads_init(); /* the fork handlers, before any fork */
     PyObject *m = PyModule_Create(&moduledef);
     if (m && add_constants(m) < 0) Py_CLEAR(m);
     return m;
