@@ -6,6 +6,7 @@ pragma, so no global flag ties the build to the CPU it was built on. The
 kernels are chosen at run time (csrc/kernels/dispatch.c).
 """
 
+import glob
 import os
 import sys
 
@@ -17,6 +18,9 @@ from setuptools import Extension, setup
 with open(os.path.join("csrc", "sources.txt")) as f:
     core = [line.strip() for line in f if line.strip() and not line.startswith("#")]
 sources = [os.path.join("csrc", *name.split("/")) for name in core + ["python/module.c"]]
+# every header (and the SIMD bodies the kernel files include): build_ext rebuilds
+# the extension when one is newer than it (`build_ext --inplace` after a header edit)
+depends = sorted(glob.glob(os.path.join("csrc", "**", "*.h"), recursive=True))
 
 extra_compile_args = []
 extra_link_args = []
@@ -34,6 +38,7 @@ setup(
         Extension(
             "attnx._attnx",
             sources=sources,
+            depends=depends,
             include_dirs=[np.get_include(), "csrc"],
             define_macros=define_macros,
             extra_compile_args=extra_compile_args,

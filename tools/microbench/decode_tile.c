@@ -23,8 +23,12 @@ int main(int argc, char **argv)
 {
     const int D = argc > 1 ? atoi(argv[1]) : 128, nq = argc > 2 ? atoi(argv[2]) : 4;
     const int kind = argc > 3 ? atoi(argv[3]) : 0;
-    const attnx_kernels *K = attnx_isa_kernels(argc > 4 ? argv[4] : "avx512");
-    if (!K) return 1;
+    const char *isa = argc > 4 ? argv[4] : "avx512";
+    const attnx_kernels *K = attnx_isa_kernels(isa);
+    if (!K) {
+        fprintf(stderr, "%s is not available here (the kernels' ISA is the 4th argument)\n", isa);
+        return 1;
+    }
     float *q = aligned_alloc(64, 4 * D * 8), *k = aligned_alloc(64, 4 * NK * D),
           *v = aligned_alloc(64, 4 * NK * D);
     uint16_t *k16 = aligned_alloc(64, 2 * NK * D), *v16 = aligned_alloc(64, 2 * NK * D);

@@ -23,7 +23,9 @@ mapfile -t core < <(grep -v '^#' "$src/sources.txt" | sed "s|^|$src/|")
 case "$what" in
   peak)
     cc -O2 "$here/fma_peak.c" -o "$out/peak"
-    for ((i = 0; i < $(nproc); i++)); do "$out/peak" & done; wait ;;
+    pids=()
+    for ((i = 0; i < $(nproc); i++)); do "$out/peak" & pids+=($!); done
+    for p in "${pids[@]}"; do wait "$p"; done ;;  # a copy's failure fails the run
   tiles)
     cc -O3 -std=c11 ${CFLAGS:-} -I"$src" "${core[@]}" "$here/tile_kernels.c" -o "$out/tiles" -lm -lpthread
     "$out/tiles" "$@" ;;
