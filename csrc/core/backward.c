@@ -101,7 +101,8 @@ static void add_mask_grad(const attnx_mask_grad *dm, const float *dpt, int64_t b
  * tiles, plan.split_dp): S from the block's split queries and the item's
  * split keys, dP from its split upstream gradient and values. Each falls
  * back to the FMAs where the split cannot take a value (|x| >= 2^100, inf,
- * NaN): per item for the keys and values, per block for the queries and dO. */
+ * NaN, 0 < |x| < 2^-80): per item for the keys and values, per block for the
+ * queries and dO. */
 typedef struct {
     int scores, dp;
     int64_t kbeg; /* the slice's first key: row 0 of s->kparts and s->vparts */

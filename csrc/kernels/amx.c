@@ -388,11 +388,14 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
  * (split_rows), the queries as B's pairs (split_pairs, from pack_qt's
  * transposed queries). Six of the nine products of parts are summed. */
 
-/* |x| >= 2^100, inf or NaN in a lane. */
-static inline __mmask16 too_large(__m512 x)
+/* Lanes the split cannot take (scalar.c's off_split): |x| >= 2^100, inf or
+ * NaN, or 0 < |x| < 2^-80. */
+static inline __mmask16 off_split(__m512 x)
 {
     const __m512i mag = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-    return _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32((127 + 100) << 23));
+    const __mmask16 tiny = _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag,
+                                                        _mm512_set1_epi32((127 - 80) << 23));
+    return _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32((127 + 100) << 23)) | tiny;
 }
 
 /* The top halves of a's and b's 32-bit lanes: 32 bfloat16 values, a's first. */
@@ -418,7 +421,7 @@ int attnx_split_rows_amx(const float *x, int64_t x_sl, int rows, int64_t n, uint
                                              : 0;
             __m512 a = _mm512_maskz_loadu_ps(ma, x + j * x_sl + d);
             __m512 b = _mm512_maskz_loadu_ps(mb, x + j * x_sl + d + 16);
-            special |= too_large(a) | too_large(b);
+            special |= off_split(a) | off_split(b);
             uint16_t *out = parts + j * ldp + d;
             for (int t = 0; t < 2; t++) {
                 const __m512 ah = high8(a), bh = high8(b);
@@ -442,7 +445,7 @@ int attnx_split_pairs_amx(const float *xt, int64_t ldx, int nx, int64_t n, int64
             __m512 a = 2 * p < n ? _mm512_loadu_ps(xt + 2 * p * ldx + i) : _mm512_setzero_ps();
             __m512 b =
                 2 * p + 1 < n ? _mm512_loadu_ps(xt + (2 * p + 1) * ldx + i) : _mm512_setzero_ps();
-            special |= too_large(a) | too_large(b);
+            special |= off_split(a) | off_split(b);
             uint32_t *out = parts + p * ldx + i;
             for (int t = 0; t < 3; t++) {
                 const __m512 ah = t < 2 ? high8(a) : a, bh = t < 2 ? high8(b) : b;

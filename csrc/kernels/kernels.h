@@ -215,8 +215,8 @@ typedef struct attnx_kernels {
      *   acct[d][i] = alpha[i] * acct[d][i] + sum_j sum_{a+b<=4} pa[j][i] · vb[j][d]
      * (alpha NULL: no rescale), pa part a of pt[j][i] (split as split_rows
      * does), vb part b of value j; the six products as qk_split's, summed
-     * the unit's way. Values must be finite and below 2^100 (the caller
-     * checks: split_rows' flag). vt: (3, Dv, ldv) part b at vt + b·vpart,
+     * the unit's way. Values must be finite, below 2^100 and 0 or at least
+     * 2^-80 (the caller checks: split_rows' flag). vt: (3, Dv, ldv) part b at vt + b·vpart,
      * vt[b][d][j] = part b of v[j][d]; keys up to nk rounded up to 32 are
      * read (finite, any value: their probabilities are 0)
      * pt: (nk, ldq)  acct: (Dv, ldq)  work: ATTNX_PV_BF16_WORK(0) floats,
@@ -234,7 +234,10 @@ typedef struct attnx_kernels {
      * x[j*x_sl + d] for j < rows, d < n; 0 for n <= d < round32(n), and in
      * rows rows .. round16(rows)-1 (columns from round32(n) to ldp are not
      * written). Returns nonzero if any |x| >= 2^100, inf or NaN (65537·x
-     * could overflow: such inputs take the FMA path).
+     * could overflow), or 0 < |x| < 2^-80 (subnormals included: a part, or
+     * a product of parts, could fall below bfloat16's and float32's normal
+     * range, which the tiles flush to 0, and a result of such values would
+     * lose more than float32 rounding); such inputs take the FMA path.
      * x: (rows, n) rows x_sl apart  parts: (3, part), ldp >= round32(n) */
     int (*split_rows)(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
                       int64_t part, int64_t ldp);

@@ -207,8 +207,14 @@ static void split3(float x, uint16_t part[3])
     part[2] = (uint16_t)(bits_of(x3) >> 16);
 }
 
-/* |x| >= 2^100, inf or NaN: the split could overflow. */
-static int too_large(float x) { return (bits_of(x) & 0x7fffffffu) >= (127u + 100u) << 23; }
+/* Where the split cannot take x (kernels.h, split_rows): |x| >= 2^100, inf
+ * or NaN (65537·x could overflow), or 0 < |x| < 2^-80 (its parts, and their
+ * products, could fall below the normal range, which the tiles flush). */
+static int off_split(float x)
+{
+    const uint32_t mag = bits_of(x) & 0x7fffffffu;
+    return mag >= (127u + 100u) << 23 || (mag != 0 && mag < (127u - 80u) << 23);
+}
 
 // x: (rows, n) rows x_sl apart  parts: (3, part) rows ldp apart
 int attnx_split_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
@@ -219,7 +225,7 @@ int attnx_split_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, u
         for (int64_t d = 0; d < (n + 31) / 32 * 32; d++) {
             uint16_t t[3] = {0, 0, 0};
             if (j < rows && d < n) {
-                special |= too_large(x[j * x_sl + d]);
+                special |= off_split(x[j * x_sl + d]);
                 split3(x[j * x_sl + d], t);
             }
             for (int a = 0; a < 3; a++) parts[a * part + j * ldp + d] = t[a];
@@ -236,11 +242,11 @@ int attnx_split_pairs_scalar(const float *xt, int64_t ldx, int nx, int64_t n, in
         for (int i = 0; i < ATTNX_ROUND16(nx); i++) {
             uint16_t even[3] = {0, 0, 0}, odd[3] = {0, 0, 0};
             if (2 * p < n) {
-                special |= too_large(xt[2 * p * ldx + i]);
+                special |= off_split(xt[2 * p * ldx + i]);
                 split3(xt[2 * p * ldx + i], even);
             }
             if (2 * p + 1 < n) {
-                special |= too_large(xt[(2 * p + 1) * ldx + i]);
+                special |= off_split(xt[(2 * p + 1) * ldx + i]);
                 split3(xt[(2 * p + 1) * ldx + i], odd);
             }
             for (int a = 0; a < 3; a++)

@@ -1022,10 +1022,10 @@ static void test_pv_bf16(const char *isa)
  * The reference split (scalar.c) against its contract: three bfloat16 parts
  * that sum to x exactly, x1 the nearest 8-bit value, |x2| <= 2^-8 (1 + 2^-8)
  * |x| and |x3| <= 2^-16 |x|, zeros in the padding, the flag for |x| >= 2^100,
- * inf and NaN. A table's splits give the reference's bits. The reference
- * qk_split is within 2^-22 of sum |q·k| of the exact sum (the dropped
- * products), and a table's qk_split within the summation bound of the
- * reference's float64 sum of its six products a dim. */
+ * inf, NaN and 0 < |x| < 2^-80 (subnormals). A table's splits give the reference's bits. The
+ * reference qk_split is within 2^-22 of sum |q·k| of the exact sum (the dropped products), and a
+ * table's qk_split within the summation bound of the reference's float64 sum of its six products a
+ * dim. */
 
 /* A float for the split: ordinary (kind 0), any magnitude the split takes
  * (2^-100 .. 2^99, 1), anything (any 32 bits: tiny, subnormal, huge, inf,
@@ -1040,7 +1040,10 @@ static float split_value(int kind)
     return x;
 }
 
-static int split_special(float x) { return !(fabsf(x) < 0x1p100f); }
+static int split_special(float x)
+{
+    return !(fabsf(x) < 0x1p100f) || (x != 0 && fabsf(x) < 0x1p-80f);
+}
 
 /* The parts of x at index at of parts (3, part), as floats. */
 static void parts_of(const uint16_t *parts, int64_t part, int64_t at, float x3[3])
@@ -1155,7 +1158,11 @@ static void test_split_reference(void)
         }
     end();
     begin("any", "split reference steps", "identical");
-    const float x[6] = {1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-9f, 0x1p99f, 0x1p100f, INFINITY, NAN};
+    const float x[12] = {
+        1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-9f, 0x1p99f,   0x1p100f, INFINITY, NAN, 0.0f, -0.0f,
+        -0x1p-80f,      0x1.fffffep-81f,          0x1p-126f, 0x1p-149f};
+    /* the flag: 2^100 and more, inf, NaN, and 0 < |x| < 2^-80 (subnormals too) */
+    const int flagged[12] = {0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1};
     uint16_t parts[3 * 16 * 32];
     const int64_t part = 16 * 32;
     /* 1 + 2^-8 is a tie at 8 bits: to even, 1; then 2^-8 exactly */
@@ -1167,9 +1174,9 @@ static void test_split_reference(void)
     attnx_split_rows_scalar(x + 1, 1, 1, 1, parts, part, 32);
     expect(parts[0] == 0x3f81u && parts[part] == 0xbb00u && parts[2 * part] == 0,
            "1 + 2^-8 + 2^-9: %04x %04x %04x", parts[0], parts[part], parts[2 * part]);
-    for (int e = 2; e < 6; e++) {
+    for (int e = 2; e < 12; e++) {
         cur.cases++;
-        expect(attnx_split_rows_scalar(x + e, 1, 1, 1, parts, part, 32) == (e > 2), "%a: flag",
+        expect(attnx_split_rows_scalar(x + e, 1, 1, 1, parts, part, 32) == flagged[e], "%a: flag",
                x[e]);
     }
     end();
