@@ -335,7 +335,7 @@ def test_causal_blocks_off_the_corner_build_no_mask(monkeypatch, is_causal, shap
     (lq, lk) mask; with a user mask, lengths and sinks too."""
     def no_mask(*args, **kwargs):
         raise AssertionError("a causal block built a position mask")
-    monkeypatch.setattr(adask, "_position_mask", no_mask)
+    monkeypatch.setattr(attnx._dask_blocks, "_position_mask", no_mask)   # what _block calls
     (Lq, Lk), (cq, ck) = shapes
     rng = _rng(19, Lq, cq, len(str(is_causal)))
     q, k, v = _qkv(rng, (2, 2, Lq, 8), (2, 2, Lk, 8))
