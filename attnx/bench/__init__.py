@@ -14,6 +14,8 @@ The modules, each importing only those above it (no import circle):
 * :mod:`.runner`: the cases run in order through the measurements.
 * :mod:`.plot`: ``--plot DIR``, the rows drawn as figures (matplotlib).
 * :mod:`.cli`: the ``bench`` command's options and its entry point.
+* :mod:`.markdown`: the docs' tables, generated from saved ``--json`` output
+  (``python -m attnx.bench.markdown README.md docs/performance.md``).
 
 Nothing is imported here: each user imports the module it needs.
 """
