@@ -9,7 +9,7 @@
   didn't cross the street because it was too tired", the weights printed as a table, checked against the float64 reference; exits 1 if it
   does not match.
 * ``python -m attnx bench``: the speed benchmark (see ``--help``); ``--plot DIR``
-  draws its results (``attnx._bench_plot``).
+  draws its results (the ``attnx.bench`` subpackage).
 
 Mistakes on the command line print one ``error:`` line and exit 2, never a
 traceback.
@@ -26,7 +26,9 @@ from typing import List, NoReturn, Optional, Sequence, Tuple
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _attnx, _bench
+from . import _attnx
+from .bench import cli as _bench
+from .bench.rows import MissingExtra
 
 SENTENCE = "The animal didn't cross the street because it was too tired"
 
@@ -198,7 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except BrokenPipeError:
         raise
-    except (ValueError, TypeError, OSError, _bench.MissingExtra) as exc:
+    except (ValueError, TypeError, OSError, MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

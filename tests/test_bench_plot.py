@@ -1,17 +1,23 @@
-"""``python -m attnx bench``'s output without timing anything: every kind of row
-printed under its own table (no ``nan`` and no cell that does not apply), the
-declarative list of cases, and ``--plot DIR --from-json FILE`` drawing the
+"""``python -m attnx bench``'s output without timing anything (the ``attnx.bench``
+subpackage): every kind of row printed under its own table (no ``nan`` and no
+cell that does not apply), the declarative list of cases, the subpackage's
+imports (no circle, no module importing one listed after it), and ``--plot DIR --from-json FILE`` drawing the
 figures from a small saved ``--json`` output (matplotlib, the ``plot`` extra;
 its absence is one ``error:`` line naming the extra)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
-from attnx import _bench, _cli
+import attnx.bench
+
+from attnx import _cli
+from attnx.bench import cases, report, runner
 
 # One row of each kind, with the keys the bench's methods give them (values made up).
 ROWS = [
@@ -66,19 +72,19 @@ def bench_json(tmp_path):
 
 
 def printed(rows, capsys):
-    b = _bench._Bench.__new__(_bench._Bench)      # the printer alone: nothing imported or timed
-    b.json, b._table = False, None
+    b = report.Printer(json_lines=False)      # the printer alone: nothing imported or timed
     for row in rows:
         b.emit(dict(row))
     return capsys.readouterr().out
 
 
 def test_every_kind_of_row_has_a_table():
-    assert set(_bench.KIND_TABLE.values()) == set(_bench.TABLES)
-    methods = {k for k in vars(_bench._Bench) if not k.startswith("_")} - {"emit", "header"}
-    assert methods == set(_bench.KIND_TABLE)
-    kinds = {kind for kind, _ in _bench.cases(False, 2, True)}
-    assert kinds <= set(_bench.KIND_TABLE)
+    assert set(report.KIND_TABLE.values()) == set(report.TABLES)
+    assert set(runner.KINDS) == set(report.KIND_TABLE)
+    for kind, measure in runner.KINDS.items():
+        assert measure.__name__ == kind                 # a row's kind names its measurement
+    kinds = {kind for kind, _ in cases.cases(False, 2, True)}
+    assert kinds <= set(runner.KINDS)
 
 
 def test_ratio_rows_print_no_nan(capsys):
@@ -87,7 +93,7 @@ def test_ratio_rows_print_no_nan(capsys):
     lines = out.splitlines()
     for row in ROWS:
         (line,) = [x for x in lines if x.startswith(row["case"] + " ")]
-        table = _bench.TABLES[_bench.KIND_TABLE[row["kind"]]]
+        table = report.TABLES[report.KIND_TABLE[row["kind"]]]
         # every column of the row's table applies to it, but for peers not measured
         assert len(row["case"]) < table.case_width, line     # the columns stay aligned
         cells = line[table.case_width:].split()[:len(table.columns)]
@@ -110,22 +116,55 @@ def test_table_values(capsys):
 
 
 def test_json_rows_keep_their_keys(capsys):
-    b = _bench._Bench.__new__(_bench._Bench)
-    b.json, b._table = True, None
+    b = report.Printer(json_lines=True)
     b.emit(dict(ROWS[0]))
     assert json.loads(capsys.readouterr().out) == ROWS[0]
 
 
 def test_cases_are_declarative():
-    quick = _bench.cases(True, 2, False)
-    full = _bench.cases(False, 2, True)
+    quick = cases.cases(True, 2, False)
+    full = cases.cases(False, 2, True)
     assert len(quick) < len(full)
     names = [p["name"] for kind, p in full if kind == "case"]
     assert "sweep L=4096 D=128" in names and "B=1 H=8 L=1024 D=64, 1 thread" in names
-    assert "B=1 H=8 L=1024 D=64, 1 thread" not in [p.get("name") for _, p in _bench.cases(
+    assert "B=1 H=8 L=1024 D=64, 1 thread" not in [p.get("name") for _, p in cases.cases(
         False, 1, True)]
     assert not any(k == "transformers_decoder" for k, _ in quick)       # needs torch
     assert not any(k in ("memory", "backward_memory") for k, _ in quick)
+
+
+BENCH = Path(attnx.bench.__file__).parent
+
+
+def sibling_imports(path: Path) -> set:
+    """The modules of attnx/bench/ that ``path`` imports (``from . import x``, ``from .x import``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names |= {node.module} if node.module else {a.name for a in node.names}
+    return names
+
+
+def test_bench_modules_import_no_circle():
+    graph = {p.stem: sibling_imports(p) for p in BENCH.glob("*.py")}
+    assert graph["__init__"] == set() and {"rows", "cases", "runner", "plot"} <= set(graph)
+    assert graph["rows"] == set() and graph["cases"] == set()     # the data imports nothing
+    assert "runner" not in graph["plot"] and "plot" not in graph["runner"]
+    done: set = set()
+    while len(done) < len(graph):                 # peel off the modules whose imports are done
+        ready = {m for m, deps in graph.items() if m not in done and deps <= done}
+        assert ready, f"an import circle among {sorted(set(graph) - done)}"
+        done |= ready
+
+
+def test_bench_modules_are_small():
+    """No module of attnx/bench/ over 500 lines, no class in it over 250."""
+    for path in BENCH.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert text.count("\n") <= 500, path.name
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno - node.lineno + 1 <= 250, f"{path.name}: {node.name}"
 
 
 # ------------------------------------------------------------------ --plot
@@ -145,7 +184,7 @@ def test_plot_from_json_writes_the_figures(bench_json, tmp_path, capsys):
 
 def test_sweep_figure_contents():
     pytest.importorskip("matplotlib")
-    from attnx import _bench_plot
+    from attnx.bench import plot as _bench_plot
 
     ax = _bench_plot.sweep_figure(ROWS).axes[0]
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
@@ -162,7 +201,7 @@ def test_sweep_figure_contents():
 
 def test_peak_line_only_when_measured():
     pytest.importorskip("matplotlib")
-    from attnx import _bench_plot
+    from attnx.bench import plot as _bench_plot
 
     def labels(rows):
         return [ln.get_label() for ln in _bench_plot.sweep_figure(rows).axes[0].get_lines()]
@@ -189,7 +228,7 @@ def test_from_json_not_json(tmp_path, capsys):
 
 
 def test_from_json_needs_plot(bench_json, capsys, monkeypatch):
-    monkeypatch.setattr(_bench, "run_rows", no_bench)
+    monkeypatch.setattr(runner, "run_rows", no_bench)
     with pytest.raises(SystemExit) as e:
         _cli.main(["bench", "--from-json", str(bench_json)])
     assert e.value.code == 2
@@ -201,7 +240,7 @@ def test_missing_matplotlib_names_the_extra(monkeypatch, bench_json, tmp_path, c
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     for name in [m for m in sys.modules if m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setattr(_bench, "run_rows", no_bench)
+    monkeypatch.setattr(runner, "run_rows", no_bench)
     for extra in ([], ["--from-json", str(bench_json)]):
         assert _cli.main(["bench", "--plot", str(tmp_path / "f"), *extra]) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()

@@ -2,7 +2,7 @@
 
 Mistakes print one ``error:`` line and exit 2, never a traceback; ignored
 environment settings are reported as a ``warning:`` line. The benchmark's
-machinery is run in-process on one tiny row (``attnx._bench.smoke``): the real
+machinery is run in-process on one tiny row (``attnx.bench.runner.smoke``): the real
 runs take minutes and belong to ``python -m attnx bench``.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import attnx
-from attnx import _bench
+from attnx.bench import runner
 from attnx._cli import SENTENCE, demo_inputs
 
 
@@ -147,7 +147,7 @@ def test_user_mistakes_are_one_line(args, fragments):
 def smoke(capsys, **kw):
     args = argparse.Namespace(**{"quick": True, "json": False, "threads": 0, "repeats": 1, **kw})
     try:
-        _bench.smoke(args)
+        runner.smoke(args)
     finally:
         attnx.set_num_threads(0)
     return capsys.readouterr().out

@@ -7,10 +7,10 @@ A Llama-architecture decoder of SmolLM-135M's shape (hidden 576, 30 layers, 9
 query and 3 key/value heads of 64, intermediate 1536, vocabulary 49152) built
 from its config with random weights (nothing is downloaded), one prompt of
 --tokens tokens: the prefill (one forward of the prompt, no cache), and one
-greedy decoding step at that context (attnx._bench.decode_step: the cache
+greedy decoding step at that context (attnx.bench.models.decode_step: the cache
 cropped back after each step), and greedy generate() of --new tokens with
 both, whose tokens must be identical. The two
-implementations are timed interleaved in one process (attnx._bench's timer:
+implementations are timed interleaved in one process (attnx.bench.context.interleaved:
 blocks, pauses between contestants, medians of --rounds). Needs the [transformers] extra. Takes minutes at 4096 tokens.
 """
 
@@ -22,7 +22,8 @@ import torch
 import transformers
 
 import attnx
-from attnx._bench import _time, decode_step
+from attnx.bench.context import interleaved as _time
+from attnx.bench.models import decode_step
 from attnx.integrations import transformers as hf
 
 SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

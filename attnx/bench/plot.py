@@ -15,23 +15,22 @@ absent is not written):
   it (the ``variant`` rows, ``vs_base``).
 
 The rows are those ``python -m attnx bench --json`` prints (one JSON object
-a line); ``--from-json FILE`` reads such a file instead of running the bench.
+a line); ``--from-json FILE`` reads such a file (:func:`.rows.read_json`)
+instead of running the bench.
 matplotlib (``attnx[plot]``) is imported only here, and only the
 object-oriented API is used (no pyplot, no display needed).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ._bench import MissingExtra, Row
+from .rows import MissingExtra, Row, kind
 
-__all__ = ["require_matplotlib", "read_json", "plot", "sweep_figure", "decode_figure",
-           "variants_figure"]
+__all__ = ["require_matplotlib", "plot", "sweep_figure", "decode_figure", "variants_figure"]
 
 _SWEEP = re.compile(r"^sweep L=(\d+) D=(\d+)$")
 _COLORS = {"attnx": "tab:blue", "torch": "tab:orange", "numpy": "tab:green"}
@@ -46,37 +45,6 @@ def require_matplotlib() -> None:
         raise MissingExtra('python -m attnx bench --plot needs matplotlib, which is not '
                            'installed: pip install "attnx[plot]" (or pip install matplotlib)'
                            ) from None
-
-
-def read_json(path: str) -> List[Row]:
-    """The objects of a ``--json`` output, one per non-blank line (ValueError
-    naming the line for anything else)."""
-    rows: List[Row] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not a JSON object ({exc.msg}); expected the "
-                                 f"output of python -m attnx bench --json") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: a JSON {type(row).__name__}, not an object")
-            rows.append(row)
-    return rows
-
-
-def _kind(row: Row) -> str:
-    """The row's kind (the _Bench method that measured it); rows saved before
-    "kind" was a key are told by their keys."""
-    if "kind" in row:
-        return str(row["kind"])
-    if "roofline_GBps" in row:
-        return "decode"
-    if "vs_base" in row:
-        return "variant"
-    return "case"
 
 
 def peak_gflops(rows: List[Row]) -> Optional[float]:
@@ -96,7 +64,7 @@ def sweep_figure(rows: List[Row]) -> Any:
     """GFLOP/s against L of the sweep rows (a matplotlib Figure), or None without any."""
     from matplotlib.figure import Figure
 
-    sweep = [(int(m[1]), int(m[2]), r) for r in rows if _kind(r) == "case"
+    sweep = [(int(m[1]), int(m[2]), r) for r in rows if kind(r) == "case"
              for m in [_SWEEP.match(str(r.get("case", "")))] if m]
     if not sweep:
         return None
@@ -132,7 +100,7 @@ def decode_figure(rows: List[Row]) -> Any:
     """attnx's decode GB/s beside the roofline, per decode row, or None without any."""
     from matplotlib.figure import Figure
 
-    dec = [r for r in rows if _kind(r) == "decode"]
+    dec = [r for r in rows if kind(r) == "decode"]
     if not dec:
         return None
     fig = Figure(figsize=(8, 4.5), layout="constrained")
@@ -161,7 +129,7 @@ def variants_figure(rows: List[Row]) -> Any:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
 
-    var = [r for r in rows if _kind(r) == "variant"]
+    var = [r for r in rows if kind(r) == "variant"]
     if not var:
         return None
     fig = Figure(figsize=(9, 0.45 * len(var) + 1.5), layout="constrained")

@@ -1,0 +1,272 @@
+"""The speed measurements: one function per kind of row (its name is the
+row's ``"kind"``), each timing attnx against its peers on the same inputs
+and threads (:meth:`.context.Context.time`), and the NumPy code tutorials
+teach, the slowest peer."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .context import F32, Context, inputs, read_all
+from .rows import Row
+
+
+def numpy_attention(Q: F32, K: F32, V: F32) -> Tuple[F32, F32]:
+    """The NumPy attention that tutorials teach (it builds every score):
+    Q (N, Lq, D), K (N, Lk, D), V (N, Lk, Dv) -> out (N, Lq, Dv), weights (N, Lq, Lk)."""
+    d_k = Q.shape[-1]
+    scores = Q @ K.transpose(0, 2, 1) / np.sqrt(d_k)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights = e / e.sum(axis=-1, keepdims=True)
+    return weights @ V, weights
+
+
+def numpy_attention_backward(Q: F32, K: F32, V: F32, dO: F32) -> Tuple[F32, F32, F32]:
+    """The obvious NumPy backward of numpy_attention (it builds P, dP and dS):
+    Q (N, Lq, D), K, V (N, Lk, D), dO (N, Lq, D) -> dQ, dK, dV."""
+    scale = 1.0 / np.sqrt(Q.shape[-1])
+    s = Q @ K.transpose(0, 2, 1) * scale
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    P = e / e.sum(axis=-1, keepdims=True)
+    O = P @ V
+    dV = P.transpose(0, 2, 1) @ dO
+    dP = dO @ V.transpose(0, 2, 1)
+    dS = P * (dP - (dO * O).sum(axis=-1, keepdims=True))
+    return (dS @ K) * scale, (dS.transpose(0, 2, 1) @ Q) * scale, dV
+
+
+def case(ctx: Context, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, *,
+         causal: bool = False, mask: Optional[NDArray[Any]] = None, layout: str = "bhld",
+         need_weights: bool = False, numpy: bool = False, threads: Optional[int] = None,
+         bfloat16: bool = False) -> Row:
+    """One row: attnx, torch's SDPA (unless need_weights) and, with ``numpy``,
+    the tutorial NumPy code, on the same inputs and threads (``bfloat16``:
+    bfloat16 tensors for attnx and torch, and attnx on float32 tensors of
+    the same values beside them: the row's vs_float32 is how much faster
+    the bfloat16 call is)."""
+    attnx, torch, F = ctx.attnx, ctx.torch, ctx.F
+    nt = threads or ctx.threads
+    attnx.set_num_threads(nt)
+    if torch:
+        torch.set_num_threads(nt)
+    q, k, v = inputs(B, Hq, Hk, Lq, Lk, D, layout)
+    aq, ak, av = (q, k, v) if not bfloat16 else (torch.from_numpy(x).bfloat16() for x in (q, k, v))
+    gqa = Hq != Hk
+    lay = "blhd" if layout == "blhd" else "bhld"
+    fns: List[Callable[[], object]] = [lambda: attnx.scaled_dot_product_attention(
+        aq, ak, av, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=lay,
+        need_weights=need_weights)]
+    names = ["attnx"]
+    if bfloat16:
+        fq, fk, fv = (torch.from_numpy(x).bfloat16().float() for x in (q, k, v))
+        fns.append(lambda: attnx.scaled_dot_product_attention(
+            fq, fk, fv, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=lay))
+        names.append("float32")
+    if torch and not need_weights:
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        if bfloat16:
+            tq, tk, tv = (x.bfloat16() for x in (tq, tk, tv))
+        if layout == "blhd":   # torch wants (B, H, L, D): a transposed view, as its users pass it
+            tq, tk, tv = (x.transpose(1, 2) for x in (tq, tk, tv))
+        tm = torch.from_numpy(mask) if mask is not None else None
+        tc = bool(causal) and mask is None
+        kw = {"enable_gqa": True} if gqa else {}
+        if causal and mask is not None:
+            tm = tm & torch.ones(Lq, Lk, dtype=torch.bool).tril()
+        fns.append(lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm, is_causal=tc, **kw))
+        names.append("torch")
+    if numpy:
+        q3, k3, v3 = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
+        fns.append(lambda: numpy_attention(q3, k3, v3))
+        names.append("numpy")
+    settle = [names.index("numpy")] if numpy else []
+    times = dict(zip(names, ctx.time(fns, settle)))
+    row = ctx.speed_row(name, 4.0 * B * Hq * Lq * Lk * D, times, nt, dense=not causal)
+    if bfloat16:
+        row["note"] = f"{row['vs_float32']:.2f}x attnx's speed on float32 tensors"
+    attnx.set_num_threads(0)
+    return row
+
+
+def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
+    """Lq = 1 over a cache of Hk heads: bandwidth bound. Per storage dtype
+    (float32, float16, bfloat16 when ml_dtypes is installed), the GB/s of K
+    and V read against the roofline: a plain reduction over the same bytes
+    on as many threads (:func:`.context.read_all`), timed interleaved with it.
+    (On AMD EPYC Zen 5, 2 threads, over 512 MiB: NumPy's maximum as uint32
+    or float32 67-69 GB/s, float32 add 38, torch's sum 81.)"""
+    attnx = ctx.attnx
+    attnx.set_num_threads(ctx.threads)
+    q = inputs(1, Hq, Hk, 1, Lk, D)[0]
+    k32, v32 = inputs(1, Hk, Hk, Lk, Lk, D, seed=1)[1:]
+    dtypes: List[Any] = [np.float32, np.float16]
+    try:
+        import ml_dtypes
+        dtypes.append(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    rows: List[Row] = []
+    gqa = f" GQA {Hq}/{Hk}" if Hq != Hk else f" H={Hq}"
+    for dt in dtypes:
+        k, v = k32.astype(dt), v32.astype(dt)
+        fns: List[Callable[[], object]] = [
+            lambda: attnx.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hk),
+            lambda: read_all(k, v, ctx.threads)]
+        if ctx.torch and dt == np.float32:
+            tq, tk, tv = (ctx.torch.from_numpy(x) for x in (q, k, v))
+            ctx.torch.set_num_threads(ctx.threads)
+            fns.append(lambda: ctx.F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=Hq != Hk))
+        times = ctx.time(fns)
+        nbytes = k.nbytes + v.nbytes
+        gbs, roof = nbytes / times[0] / 1e9, nbytes / times[1] / 1e9
+        name = np.dtype(dt).name
+        row: Row = {"case": f"decode {name}{gqa} Lk={Lk} D={D}", "threads": ctx.threads,
+                    "attnx_s": times[0], "attnx_gflops": 4.0 * Hq * Lk * D / times[0] / 1e9,
+                    "attnx_GBps": gbs, "roofline_GBps": roof, "of_roofline": gbs / roof,
+                    "note": f"reads K+V at {gbs:.1f} GB/s = {gbs / roof:.0%} of a plain "
+                            f"reduction's {roof:.1f} GB/s over the same bytes"}
+        if len(times) > 2:
+            row["torch_gflops"] = 4.0 * Hq * Lk * D / times[2] / 1e9
+            row["vs_torch"] = times[2] / times[0]
+        if rows:
+            row["vs_float32_cache"] = rows[0]["attnx_s"] / times[0]
+            row["note"] += f"; {row['vs_float32_cache']:.2f}x the float32 cache's speed"
+        rows.append(row)
+    attnx.set_num_threads(0)
+    return rows
+
+
+def backward(ctx: Context, name: str, B: int, H: int, L: int, D: int, *, causal: bool = False,
+             step: bool = True, numpy: bool = False) -> Row:
+    """Gradients: ``step`` times a forward (with lse) + backward against torch's
+    forward + backward (14·B·H·L²·D FLOP); otherwise the backward alone
+    against torch's backward alone (10·B·H·L²·D), and, with ``numpy``, the
+    obvious NumPy backward that materialises P, dP and dS."""
+    attnx, torch, F = ctx.attnx, ctx.torch, ctx.F
+    attnx.set_num_threads(ctx.threads)
+    q, k, v, dout = inputs(B, H, H, L, L, D) + inputs(B, H, H, L, L, D, seed=1)[:1]
+    out, lse = attnx.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
+
+    def a_step() -> object:
+        o, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, is_causal=causal)
+        return vjp(dout)
+
+    def a_bwd() -> object:
+        return attnx.scaled_dot_product_attention_backward(dout, q, k, v, out, lse,
+                                                           is_causal=causal)
+    fns: List[Callable[[], object]] = [a_step if step else a_bwd]
+    names = ["attnx"]
+    if torch:
+        torch.set_num_threads(ctx.threads)
+        tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+        tdo = torch.from_numpy(dout)
+        if step:
+            fns.append(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+                       .backward(tdo))
+        else:
+            graph = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+            fns.append(lambda: torch.autograd.grad(graph, (tq, tk, tv), tdo, retain_graph=True))
+        names.append("torch")
+    if numpy:
+        fns.append(lambda: numpy_attention_backward(q[0], k[0], v[0], dout[0]))
+        names.append("numpy")
+    settle = [names.index("numpy")] if numpy else []
+    times = dict(zip(names, ctx.time(fns, settle)))
+    row = ctx.speed_row(name, (14.0 if step else 10.0) * B * H * L * L * D, times, ctx.threads,
+                        dense=not causal)
+    attnx.set_num_threads(0)
+    return row
+
+
+def mha_step(ctx: Context, B: int, L: int, d_model: int, H: int) -> Row:
+    """MultiHeadAttention forward + backward against torch.nn.MultiheadAttention's."""
+    attnx, torch = ctx.attnx, ctx.torch
+    attnx.set_num_threads(ctx.threads)
+    mha = attnx.MultiHeadAttention(d_model, H, seed=0)
+    x, dout = (np.random.default_rng(s).standard_normal((B, L, d_model), dtype=np.float32)
+               for s in (0, 1))
+
+    def a_step() -> object:
+        out, vjp = mha.vjp(x)
+        return vjp(dout)
+    fns: List[Callable[[], object]] = [a_step]
+    names = ["attnx"]
+    if torch:
+        torch.set_num_threads(ctx.threads)
+        tm = torch.nn.MultiheadAttention(d_model, H, batch_first=True)
+        tx = torch.tensor(x, requires_grad=True)
+        tdo = torch.from_numpy(dout)
+        fns.append(lambda: tm(tx, tx, tx, need_weights=False)[0].backward(tdo))
+        names.append("torch")
+    times = dict(zip(names, ctx.time(fns)))
+    flops = 14.0 * B * L * L * d_model + 2.0 * 3 * 4 * B * L * d_model * d_model
+    row = ctx.speed_row(f"MHA fwd+bwd B={B} L={L} d_model={d_model} H={H}",
+                        flops, times, ctx.threads)
+    attnx.set_num_threads(0)
+    return row
+
+
+def variant(ctx: Context, name: str, L: int, H: int, D: int, base: Dict[str, Any],
+            opts: Dict[str, Any], *, grad: bool = False) -> Row:
+    """attnx with ``base`` + ``opts`` (a variant) against attnx with ``base``
+    alone, interleaved: the forward, or with ``grad`` the backward alone."""
+    attnx = ctx.attnx
+    attnx.set_num_threads(ctx.threads)
+    q, k, v, dout = inputs(1, H, H, L, L, D) + inputs(1, H, H, L, L, D, seed=1)[:1]
+
+    def call(kw: Dict[str, Any]) -> Callable[[], object]:
+        if not grad:
+            return lambda: attnx.scaled_dot_product_attention(q, k, v, **kw)
+        out, lse = attnx.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+        return lambda: attnx.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **kw)
+    t_var, t_base = ctx.time([call({**base, **opts}), call(base)])
+    row: Row = {"case": name, "threads": ctx.threads, "attnx_s": t_var, "base_s": t_base,
+                "vs_base": t_base / t_var,
+                "note": f"{t_var / t_base:.2f}x the time without it "
+                        f"({1e3 * t_var:.1f} ms against {1e3 * t_base:.1f} ms)"}
+    attnx.set_num_threads(0)
+    return row
+
+
+def varlen(ctx: Context, lengths: Sequence[int], H: int, D: int, *, grad: bool = False) -> Row:
+    """A packed batch through attnx.varlen_attention against torch's SDPA on the
+    same batch padded, with a padding mask (forward, or forward + backward)."""
+    attnx, torch, F = ctx.attnx, ctx.torch, ctx.F
+    attnx.set_num_threads(ctx.threads)
+    lens = np.asarray(lengths)
+    B, L, total = len(lens), int(lens.max()), int(lens.sum())
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (rng.standard_normal((total, H, D), dtype=np.float32) for _ in range(4))
+    cu = np.concatenate([[0], np.cumsum(lens)])
+
+    def a_call() -> object:
+        if not grad:
+            return attnx.varlen_attention(q, k, v, cu, cu)
+        out, vjp = attnx.varlen_attention_vjp(q, k, v, cu, cu)
+        return vjp(dout)
+    fns: List[Callable[[], object]] = [a_call]
+    names = ["attnx"]
+    if torch:
+        torch.set_num_threads(ctx.threads)
+        pad = [torch.from_numpy(attnx.unpack(x, cu)).transpose(1, 2).contiguous()
+               for x in (q, k, v, dout)]                         # (B, H, L, D), padded
+        tq, tk, tv = (x.clone().requires_grad_(grad) for x in pad[:3])
+        mask = torch.arange(L)[None, :] < torch.from_numpy(lens)[:, None]
+        tm = mask[:, None, None, :]                              # (B, 1, 1, L) keys
+
+        def t_call() -> object:
+            out = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm)
+            return out.backward(pad[3]) if grad else out
+        fns.append(t_call)
+        names.append("torch")
+    times = dict(zip(names, ctx.time(fns)))
+    flops = (14.0 if grad else 4.0) * H * D * float((lens.astype(np.float64) ** 2).sum())
+    padding = 1 - total / (B * L)
+    row = ctx.speed_row(f"varlen {B} seqs {lens.min()}..{L}{', fwd+bwd' if grad else ''}, "
+                        f"H={H} D={D}", flops, times, ctx.threads)
+    row["note"] = f"torch on the batch padded to {L} ({padding:.0%} padding) with a padding mask"
+    attnx.set_num_threads(0)
+    return row
