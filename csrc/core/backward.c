@@ -11,14 +11,16 @@
  *
  * Items are (batch, key/value head, range of keys). An item owns the dK and
  * dV rows of its keys (the query heads of a GQA group are added in a fixed
- * order) and the dQ rows of its heads; with several key ranges a head (few
- * heads, many threads), each range writes its own dQ partial and the
- * partials are summed afterwards in range order. No atomics: the same bits
- * on every run with a given thread count. D is summed once a call, before
- * the items (dsum_item). With float32 on AMX tiles (plan.split_dp: S and dP
- * by kt->qk_split), an item takes its keys a slice at a time: the slice's
- * keys and values split into bfloat16 parts, then every query block of the
- * group against them, its dQ rows summed slice by slice.
+ * order: each block's sum over its queries, and with plan.run, runs of
+ * blocks summed apart first, see bwd_item) and the dQ rows of its heads;
+ * with several key ranges a head (few heads, many threads), each range
+ * writes its own dQ partial and the partials are summed afterwards in range
+ * order. No atomics: the same bits on every run with a given thread count.
+ * D is summed once a call, before the items (dsum_item). With float32 on AMX
+ * tiles (plan.split_dp: S and dP by kt->qk_split), an item takes its keys a
+ * slice at a time: the slice's keys and values split into bfloat16 parts,
+ * then every query block of the group against them, its dQ rows summed
+ * slice by slice.
  *
  * A float mask's gradient is summed along the axes the mask is broadcast
  * over (stride 0 in g->dmask) where dS is computed: no (B, Hq, Lq, Lk) array.
@@ -134,11 +136,18 @@ static void tile_ds(const bwd_job *bj, const bwd_scratch *s, const tile_split *s
         kt->qk(s->dot, BQ, nq, at_in(&p->v, b, hk, j0), p->v.sl, nk, p->Dv, s->dpt);
 }
 
+/* Where a block adds its dK and dV rows: key j's at dk + (j - kbeg)·dk_sl and
+ * dv + (j - kbeg)·dv_sl, the gradient's rows or the thread's run sums. */
+typedef struct {
+    float *dk, *dv;
+    int64_t dk_sl, dv_sl, kbeg;
+} kv_rows;
+
 /* One tile: keys j0 .. j0+nk-1 against the packed block of queries
  * i0 .. i0+nq-1 of head (b, h); dm: where the mask's gradient goes, or NULL. */
 static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const tile_split *sp,
-                     const attnx_mask_grad *dm, int64_t b, int64_t h, int64_t i0, int nq,
-                     int64_t j0, int nk)
+                     const attnx_mask_grad *dm, const kv_rows *to, int64_t b, int64_t h, int64_t i0,
+                     int nq, int64_t j0, int nk)
 {
     const attnx_problem *p = bj->run.p;
     const attnx_grad_problem *g = bj->g;
@@ -146,16 +155,15 @@ static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const tile_split *
     const int64_t hk = h / bj->plan.group;
     const float *k = at_in(&p->k, b, hk, j0);
     const float *q = at_in(&p->q, b, h, i0), *dout = at_in(&g->dout, b, h, i0);
+    float *dk = to->dk + (j0 - to->kbeg) * to->dk_sl, *dv = to->dv + (j0 - to->kbeg) * to->dv_sl;
 
-    tile_ds(bj, s, sp, b, h, i0, nq, j0, nk);                                  /* P, dP */
-    kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv, at(&g->dv, b, hk, j0), /* dV += Pᵀ dO */
-            g->dv.sl);
-    kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec); /* dS */
+    tile_ds(bj, s, sp, b, h, i0, nq, j0, nk);                           /* P, dP */
+    kt->ptx(s->st, BQ, nq, dout, g->dout.sl, nk, p->Dv, dv, to->dv_sl); /* dV += Pᵀ dO */
+    kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec);                /* dS */
     if (dm) add_mask_grad(dm, s->dpt, b, h, i0, nq, j0, nk);
     if (p->softcap > 0.0f) /* dS through the tanh: × (1 - (capped / softcap)²) */
         kt->softcap_bwd(s->dpt, s->capped, BQ, nq, nk, 1.0f / p->softcap);
-    kt->ptx(s->dpt, BQ, nq, q, p->q.sl, nk, p->D, at(&g->dk, b, hk, j0), /* dK += dSᵀ Q */
-            g->dk.sl);
+    kt->ptx(s->dpt, BQ, nq, q, p->q.sl, nk, p->D, dk, to->dk_sl); /* dK += dSᵀ Q */
     kt->pv(s->dpt, BQ, 1, nq, k, p->k.sl, nk, p->D, NULL, s->dqacc, bj->plan.ldqa); /* dQ += dS K */
 }
 
@@ -184,11 +192,14 @@ static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, tile_split 
 }
 
 /* Queries i0 .. i0+rows-1 of head (b, h) against keys [kbeg, kstop): their
- * contribution to dK and dV, and their dQ rows (scaled) written to dq, or
- * added to it after the first slice of an item's keys. */
+ * contribution to dK and dV (added into *to's rows, one sum over the block's
+ * queries a row: kt->ptx; span [lo, hi) widened to the keys whose rows it
+ * adds to), and their dQ rows (scaled) written to dq, or added to it after
+ * the first slice of an item's keys. */
 static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const tile_split *slice_split,
-                      const attnx_mask_grad *dm, int64_t b, int64_t h, int64_t i0, int64_t kbeg,
-                      int64_t kstop, int first, float *dq, int64_t dq_sl)
+                      const attnx_mask_grad *dm, const kv_rows *to, int64_t span[2], int64_t b,
+                      int64_t h, int64_t i0, int64_t kbeg, int64_t kstop, int first, float *dq,
+                      int64_t dq_sl)
 {
     const attnx_problem *p = bj->run.p;
     const head_bounds hb = bounds_of(p, b, h);
@@ -199,10 +210,12 @@ static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const tile_split 
     if (first)
         for (int i = 0; i < rows; i++) memset(dq + i * dq_sl, 0, sizeof(float) * (size_t)p->D);
     if (nq == 0 || kfrom >= kend) return;
+    span[0] = min64(span[0], kfrom);
+    span[1] = max64(span[1], kend);
     tile_split sp = *slice_split;
     bwd_start_block(bj, s, &sp, b, h, i0, nq);
     for (int64_t j0 = kfrom; j0 < kend; j0 += BK)
-        bwd_tile(bj, s, &sp, dm, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
+        bwd_tile(bj, s, &sp, dm, to, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
     for (int i = 0; i < nq; i++)
         for (int64_t e = 0; e < p->D; e++)
             dq[i * dq_sl + e] += p->scale * s->dqacc[i * bj->plan.ldqa + e];
@@ -372,8 +385,36 @@ static void split_slice(const bwd_job *bj, const bwd_scratch *s, int64_t b, int6
     }
 }
 
+/* The run sums of the slice from key c0, rows of keys [span[0], span[1])
+ * (the others are still zero), added into the gradient's dK and dV rows of
+ * key/value head (b, hk), and zeroed for the next run; span emptied. */
+static void add_run(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t hk, int64_t c0,
+                    int64_t span[2])
+{
+    const attnx_problem *p = bj->run.p;
+    const attnx_grad_problem *g = bj->g;
+    for (int64_t j = span[0]; j < span[1]; j++) {
+        float *dk = at(&g->dk, b, hk, j), *dv = at(&g->dv, b, hk, j);
+        float *rk = s->dkrun + (j - c0) * bj->plan.ldqa, *rv = s->dvrun + (j - c0) * bj->plan.ldva;
+        for (int64_t e = 0; e < p->D; e++) {
+            dk[e] += rk[e];
+            rk[e] = 0.0f;
+        }
+        for (int64_t e = 0; e < p->Dv; e++) {
+            dv[e] += rv[e];
+            rv[e] = 0.0f;
+        }
+    }
+    span[0] = INT64_MAX;
+    span[1] = INT64_MIN;
+}
+
 /* Item i: the keys [kbeg, kstop) of key/value head (b, hk), against every
- * query of its group, a slice of keys at a time. */
+ * query of its group, a slice of keys at a time. With plan.run, each slice's
+ * blocks, in (head, block) order, add their dK and dV rows into the run sums
+ * (zeroed), added into the gradient's rows after every plan.run blocks and
+ * after the last: a row's sum takes about √blocks terms in the run sums and
+ * as many in the gradient, in an order that depends on the problem only. */
 static void bwd_item(void *arg, int tid, int64_t item)
 {
     const bwd_job *bj = arg;
@@ -383,6 +424,7 @@ static void bwd_item(void *arg, int tid, int64_t item)
     const int64_t split = item % bj->plan.nsplit, bhk = item / bj->plan.nsplit;
     const int64_t hk = bhk % p->Hk, b = bhk / p->Hk, group = bj->plan.group;
     const int64_t kbeg = split * bj->plan.kchunk, kstop = min64(p->Lk, kbeg + bj->plan.kchunk);
+    const int64_t run = bj->plan.run, blocks = group * ((p->Lq + BQ - 1) / BQ);
     attnx_mask_grad dm;
     const int with_mask = mask_grad_target(bj, b, hk, split, &dm);
     for (int64_t j = kbeg; j < kstop; j++) {
@@ -395,14 +437,23 @@ static void bwd_item(void *arg, int tid, int64_t item)
         const int64_t c1 = min64(kstop, c0 + bj->plan.kslice);
         tile_split sp = {.kbeg = c0};
         if (bj->plan.split_dp && c1 > c0) split_slice(bj, s, b, hk, c0, c1, &sp);
+        kv_rows to = {at(&g->dk, b, hk, c0), at(&g->dv, b, hk, c0), g->dk.sl, g->dv.sl, c0};
+        if (run) {
+            to = (kv_rows){s->dkrun, s->dvrun, bj->plan.ldqa, bj->plan.ldva, c0};
+            memset(s->dkrun, 0, sizeof(float) * (size_t)((c1 - c0) * bj->plan.ldqa));
+            memset(s->dvrun, 0, sizeof(float) * (size_t)((c1 - c0) * bj->plan.ldva));
+        }
+        int64_t done = 0;                         /* blocks of the slice */
+        int64_t span[2] = {INT64_MAX, INT64_MIN}; /* keys of the run */
         for (int64_t h = hk * group; h < (hk + 1) * group; h++)
             for (int64_t i0 = 0; i0 < p->Lq; i0 += BQ) {
                 float *dq =
                     bj->plan.nsplit == 1
                         ? at(&g->dq, b, h, i0)
                         : bj->partial + (((split * p->B + b) * p->Hq + h) * p->Lq + i0) * p->D;
-                bwd_block(bj, s, &sp, with_mask ? &dm : NULL, b, h, i0, c0, c1, c0 == kbeg, dq,
-                          bj->plan.nsplit == 1 ? g->dq.sl : p->D);
+                bwd_block(bj, s, &sp, with_mask ? &dm : NULL, &to, span, b, h, i0, c0, c1,
+                          c0 == kbeg, dq, bj->plan.nsplit == 1 ? g->dq.sl : p->D);
+                if (run && (++done % run == 0 || done == blocks)) add_run(bj, s, b, hk, c0, span);
             }
         c0 = c1;
     } while (c0 < kstop);

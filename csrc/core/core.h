@@ -199,7 +199,15 @@ typedef struct {
     /* float32 on tiles (AMX) for S = Q Kᵀ and dP = dO Vᵀ: 64 and 64 (D and Dv
      * of 33 to 64, plan.c), or 0 */
     int64_t split_dp, split_dpv;
-    int64_t kslice; /* keys an item splits at a time, a multiple of BK; kchunk without split_dp */
+    /* keys an item takes at a time, a multiple of BK: kchunk, or fewer with
+     * split_dp (BWD_SLICE_KEYS) or run sums (BWD_RUN_FLOATS) */
+    int64_t kslice;
+    /* query blocks a run: an item's blocks (group · query blocks, in the order
+     * of (head, block)) add their dK and dV rows into the thread's zeroed run
+     * sums, added into the gradient's rows after every run (backward.c); 0:
+     * straight into the gradient's rows (no more than BWD_RUN_MIN blocks) */
+    int64_t run;
+    int64_t ldva; /* with run: dV run rows, Dv rounded up to a whole vector */
 } bwd_plan;
 
 /* The backward splits an item's keys and values when each key tile meets
@@ -208,6 +216,11 @@ typedef struct {
  * MiB, and stay in L2). */
 #define BWD_SPLIT_MEET 2
 #define BWD_SLICE_KEYS 512
+/* Run sums when an item has more query blocks than this; their rows take at
+ * most this many floats a thread (1 MiB: 2048 keys at D = Dv = 64), or BK
+ * keys' rows when those take more. */
+#define BWD_RUN_MIN 16
+#define BWD_RUN_FLOATS ((size_t)1 << 18)
 
 attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan);
 int64_t attnx_split_dims(const attnx_run *r, int64_t min_meet);
@@ -233,6 +246,7 @@ typedef struct {
 
 /* A backward block's working set, per thread:
  *   qt (D, BQ) | dot (Dv, BQ) | st, dpt, capped (BK, BQ) | dqacc (BQ, ldqa) | lse, dvec, ones (BQ)
+ *   | with run: dkrun (kslice, ldqa) | dvrun (kslice, ldva)
  *   | with split_dp: qparts (3, split_dp/2, BQ) | oparts (3, split_dpv/2, BQ)
  *                    | kparts (3, kslice + 16, split_dp) | vparts (3, kslice + 16, split_dpv)
  */
@@ -246,6 +260,10 @@ typedef struct {
     float *lse;    /* (BQ) the block's lse; +inf in padding lanes (P = 0 there) */
     float *dvec;   /* (BQ) D = rowsum(dO ∘ O) */
     float *ones;   /* (BQ) */
+    /* with plan.run, else NULL: the run's sums of the dK and dV rows of the
+     * item's slice of keys, row j - c0 for key j */
+    float *dkrun; /* (kslice, ldqa) */
+    float *dvrun; /* (kslice, ldva) */
     /* with split_dp, else NULL: the block's queries and upstream gradient
      * split into bfloat16 pairs (kt->split_pairs), the item's keys and
      * values into rows (kt->split_rows), for kt->qk_split */

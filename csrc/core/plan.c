@@ -165,5 +165,22 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
                          : attnx_split_dims(r, BWD_SPLIT_MEET);
     plan->split_dpv = plan->split_dp ? 64 : 0;
     if (plan->split_dp) plan->kslice = min64(plan->kchunk, BWD_SLICE_KEYS);
+    /* dK and dV rows sum a term per query block of the group: added one by
+     * one into the gradient's rows, their rounding errors grew with the
+     * blocks (GQA 8 -> 1, Lq = 4096, Lk = 16, D = 64: 512 terms, dK within
+     * 3.4e-4 of float64, torch 2.6e-5). With more than BWD_RUN_MIN blocks,
+     * runs of about √blocks blocks are summed apart and the runs' sums added
+     * into the rows: √blocks + √blocks terms a sum, not blocks (the same
+     * runs whatever the key ranges and slices: the bits do not depend on
+     * the threads). A slice's run sums take at most BWD_RUN_FLOATS. */
+    const int64_t blocks = plan->group * ((p->Lq + BQ - 1) / BQ);
+    plan->ldva = ATTNX_ROUND16(p->Dv);
+    plan->run = 0;
+    if (blocks > BWD_RUN_MIN && plan->ldqa + plan->ldva > 0) {
+        plan->run = (int64_t)sqrt((double)blocks);
+        while (plan->run * plan->run < blocks) plan->run++; /* ⌈√blocks⌉ */
+        const int64_t keys = (int64_t)(BWD_RUN_FLOATS / (size_t)(plan->ldqa + plan->ldva));
+        plan->kslice = min64(plan->kslice, max64(BK, keys / BK * BK));
+    }
     return attnx_bwd_scratch_size(p, plan, &plan->scratch);
 }

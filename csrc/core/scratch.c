@@ -123,10 +123,13 @@ attnx_status attnx_bwd_scratch_size(const attnx_problem *p, const bwd_plan *plan
         return ATTNX_ERR_OVERFLOW;
     const size_t dims = (size_t)(plan->split_dp + plan->split_dpv),
                  rows = BQ + (size_t)plan->kslice + 16;
-    size_t parts = 0;
+    size_t parts = 0, runs = 0; /* runs: kslice <= BWD_RUN_FLOATS / (ldqa + ldva), or BK */
     if (plan->split_dp && (!mul_ok(3 * dims / 2, rows, &parts) || parts > SIZE_MAX - main))
         return ATTNX_ERR_OVERFLOW;
-    *floats = main + parts;
+    if (plan->run && (!mul_ok((size_t)plan->kslice, (size_t)(plan->ldqa + plan->ldva), &runs) ||
+                      runs > SIZE_MAX - main - parts))
+        return ATTNX_ERR_OVERFLOW;
+    *floats = main + parts + runs;
     return ATTNX_OK;
 }
 
@@ -143,11 +146,18 @@ bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, const bwd_
     s.dvec = s.lse + BQ;
     s.ones = s.dvec + BQ;
     for (int i = 0; i < BQ; i++) s.ones[i] = 1.0f;
+    float *end = s.ones + BQ;
+    s.dkrun = s.dvrun = NULL;
+    if (plan->run) { /* 64-byte aligned: kslice, ldqa and ldva are multiples of 16 */
+        s.dkrun = end;
+        s.dvrun = s.dkrun + (size_t)plan->kslice * (size_t)plan->ldqa;
+        end = s.dvrun + (size_t)plan->kslice * (size_t)plan->ldva;
+    }
     s.qparts = s.oparts = NULL;
     s.kparts = s.vparts = NULL;
     if (plan->split_dp) { /* 64-byte aligned: every size above is a multiple of 16 floats */
         const size_t dp = (size_t)plan->split_dp, dpv = (size_t)plan->split_dpv;
-        s.qparts = (uint32_t *)(s.ones + BQ);
+        s.qparts = (uint32_t *)end;
         s.oparts = s.qparts + 3 * dp / 2 * BQ;
         s.kparts = (uint16_t *)(s.oparts + 3 * dpv / 2 * BQ);
         s.vparts = s.kparts + 3 * dp * ((size_t)plan->kslice + 16);

@@ -107,7 +107,9 @@ typedef struct attnx_kernels {
     /* Backward: the tile's transpose times rows of x, summed over the queries:
      *   acc[j][:] += sum_i pt[j*ldq + i] * x[i*x_sl + :]     (j < nk, i < nq)
      * pt: (nk, ldq)  x: (nq, n) rows x_sl apart  acc: (nk, n) rows ldacc apart
-     * (dV += Pᵀ dO and dK += dSᵀ Q, written straight into the gradient rows) */
+     * (dV += Pᵀ dO and dK += dSᵀ Q). The sum over i is formed from zero and
+     * then added to acc: acc, which gathers the sums of many query blocks,
+     * takes one rounded term a call (backward.c). */
     void (*ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl, int nk,
                 int64_t n, float *acc, int64_t ldacc);
 

@@ -567,11 +567,13 @@ static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t D
  * p[j][i] and multiplies a vector of the value row v[j]. The last vector of a
  * row may be partial (TAIL lanes, masked loads and stores). Values in float32,
  * or in 16 bits converted as they are loaded (kind, as qk_dot_any:
- * the same bits as on converted rows). */
+ * the same bits as on converted rows). ADD (ptx): the products are summed
+ * from zero and the sum added to acc at the end, so that acc, which gathers
+ * the sums of many calls (dK, dV), takes one rounded term a call. */
 ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const float *pt,
                            int64_t s_sum, int64_t s_row, const void *v, int64_t v_sl, int nk,
                            const float *alpha, float *acc, int64_t ldacc, const int kind,
-                           const int pf)
+                           const int pf, const int add)
 {
     const VMASK mk = V_MASK(tail ? tail : W);
     const int64_t esize = kind ? 2 : 4, ahead = pf ? rows_ahead(v_sl * esize) : 0;
@@ -579,6 +581,10 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
     for (int r = 0; r < MR; r++) {
         const VF s = alpha ? V_SET1(alpha[r]) : V_SET1(1.0f);
         for (int c = 0; c < NV; c++) {
+            if (add) {
+                a[r][c] = V_ZERO();
+                continue;
+            }
             const VF x = (tail && c == NV - 1) ? V_LOAD_M(acc + r * ldacc + c * W, mk)
                                                : V_LOAD(acc + r * ldacc + c * W);
             a[r][c] = alpha ? V_MUL(x, s) : x;
@@ -598,10 +604,11 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
     }
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < NV; c++) {
+            float *to = acc + r * ldacc + c * W;
             if (tail && c == NV - 1)
-                V_STORE_M(acc + r * ldacc + c * W, mk, a[r][c]);
+                V_STORE_M(to, mk, add ? V_ADD(V_LOAD_M(to, mk), a[r][c]) : a[r][c]);
             else
-                V_STORE(acc + r * ldacc + c * W, a[r][c]);
+                V_STORE(to, add ? V_ADD(V_LOAD(to), a[r][c]) : a[r][c]);
         }
 }
 
@@ -611,16 +618,17 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
     case (mr) * 8 + (nv):                                                                        \
         if (tail)                                                                                \
             pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, nk,  \
-                     al, ai + d0, ldacc, kind, pf);                                              \
+                     al, ai + d0, ldacc, kind, pf, add);                                         \
         else                                                                                     \
             pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, nk, al, \
-                     ai + d0, ldacc, kind, pf);                                                  \
+                     ai + d0, ldacc, kind, pf, add);                                             \
         break;
 
-/* acc (nrow, ldacc) [+]= Σ_t pt[t*s_sum + r*s_row] · v[t*v_sl + :] over t < nsum */
+/* acc (nrow, ldacc) [+]= Σ_t pt[t*s_sum + r*s_row] · v[t*v_sl + :] over t < nsum
+ * (add: the sum formed from zero, then added; see pv_block) */
 ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, const void *v,
                          int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
-                         int64_t ldacc, const int kind, const int pf)
+                         int64_t ldacc, const int kind, const int pf, const int add)
 {
     const int64_t nvec = (Dv + W - 1) / W;
     for (int i = 0; i < nq; i += PV_MR) {
@@ -645,9 +653,9 @@ static void SUFFIX(pv)(const float *pt, int64_t s_key, int64_t s_row, int nq, co
                        int64_t ldacc)
 {
     if (s_key == 1) /* a decoding tile: values streamed from memory, prefetched */
-        pv_any(pt, 1, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 1);
+        pv_any(pt, 1, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 1, 0);
     else
-        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 0);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 0, 0);
 }
 
 // pt: as pv  v: (nk, Dv) 16-bit, rows v_sl apart  acc: (nq, ldacc)
@@ -656,17 +664,18 @@ static void SUFFIX(pv_half)(int fmt, const float *pt, int64_t s_key, int64_t s_r
                             float *acc, int64_t ldacc)
 {
     if (fmt == ATTNX_HALF_BF16)
-        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_BF16, 1);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_BF16, 1, 0);
     else
-        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F16, 1);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F16, 1, 0);
 }
 
-/* ---- backward: acc (nk rows) += Pᵀ-tile · x ------------------------------- */
+/* ---- backward: acc (nk rows) += Pᵀ-tile · x, each row's sum over the
+ * queries formed in registers from zero and then added ----------------------- */
 // pt: (nk, ldq)  x: (nq, n) rows x_sl apart  acc: (nk, n) rows ldacc apart
 static void SUFFIX(ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl, int nk,
                         int64_t n, float *acc, int64_t ldacc)
 {
-    pv_any(pt, 1, ldq, nk, x, x_sl, nq, n, NULL, acc, ldacc, ROW_F32, 0);
+    pv_any(pt, 1, ldq, nk, x, x_sl, nq, n, NULL, acc, ldacc, ROW_F32, 0, 1);
 }
 
 /* ---- backward: dS = P ∘ (dP − d), one query per lane; exactly 0 where P is 0

@@ -347,10 +347,15 @@ static void ptx_scalar(const float *pt, int64_t ldq, int nq, const float *x, int
 {
     for (int j = 0; j < nk; j++) {
         float *aj = acc + j * ldacc;
-        for (int i = 0; i < nq; i++) {
-            const float p = pt[j * ldq + i];
-            const float *xi = x + i * x_sl;
-            for (int64_t d = 0; d < n; d++) aj[d] += p * xi[d];
+        for (int64_t d0 = 0; d0 < n; d0 += 16) { /* 16 dims at a time: sums from zero, then added */
+            const int w = n - d0 < 16 ? (int)(n - d0) : 16;
+            float sum[16] = {0.0f};
+            for (int i = 0; i < nq; i++) {
+                const float p = pt[j * ldq + i];
+                const float *xi = x + i * x_sl + d0;
+                for (int d = 0; d < w; d++) sum[d] += p * xi[d];
+            }
+            for (int d = 0; d < w; d++) aj[d0 + d] += sum[d];
         }
     }
 }
