@@ -14,19 +14,29 @@ with no transpose copy.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Literal, Optional, SupportsIndex, Tuple, TypeVar, Union, overload
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Literal, Optional, SupportsIndex, Tuple,
+                    TypeVar, Union, overload)
 
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _torch_interop
+# (Alignment, Window: names in the signatures that takes() writes)
 from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, as_float, check_flag,
                     positive_int, shape_str)
 from ._functional import scaled_dot_product_attention
 from ._grad import attention_vjp
+from ._options import Padded, check_names, names, takes
 from ._saved import Fingerprints
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["MultiHeadAttention"]
+
+#: the keywords of the layer's **options
+_OPTIONS = names(Padded)
+_Out = NDArray[np.float32]
 
 _M = TypeVar("_M", bound="MultiHeadAttention")
 
@@ -182,49 +192,29 @@ class MultiHeadAttention:
 
     # --------------------------------------------------------------------- call
 
+    # need_weights=True adds the weights; the options are declared once, in attnx._options
     @overload
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None,
-                 window: Window = None, sinks: Optional[ArrayInput] = None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-                 alignment: Alignment = None,
-                 need_weights: Literal[False] = False,
-                 average_weights: bool = False) -> NDArray[np.float32]: ...
-
+                 is_causal: Causal = False, need_weights: Literal[False] = False,
+                 average_weights: bool = False, **options: Unpack[Padded]) -> _Out: ...
     @overload
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None,
-                 window: Window = None, sinks: Optional[ArrayInput] = None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-                 alignment: Alignment = None,
-                 need_weights: Literal[True],
-                 average_weights: bool = False) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
-
+                 is_causal: Causal = False, need_weights: Literal[True],
+                 average_weights: bool = False, **options: Unpack[Padded]) -> Tuple[_Out, _Out]: ...
     @overload
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None,
-                 window: Window = None, sinks: Optional[ArrayInput] = None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-                 alignment: Alignment = None,
-                 need_weights: bool = False,
+                 is_causal: Causal = False, need_weights: bool = False,
                  average_weights: bool = False,
-                 ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]: ...
+                 **options: Unpack[Padded]) -> Union[_Out, Tuple[_Out, _Out]]: ...
 
+    @takes(Padded, before="need_weights")
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None,
-                 window: Window = None, sinks: Optional[ArrayInput] = None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-                 alignment: Alignment = None,
-                 need_weights: bool = False,
-                 average_weights: bool = False,
+                 is_causal: Causal = False, need_weights: bool = False,
+                 average_weights: bool = False, **options: Unpack[Padded],
                  ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -289,13 +279,11 @@ class MultiHeadAttention:
         """
         need_weights = check_flag(need_weights, "need_weights")
         average_weights = check_flag(average_weights, "average_weights")
+        check_names(options, _OPTIONS, "MultiHeadAttention.__call__")
         q_in, k_in, v_in, attn_mask, unbatched = self._inputs(query, key, value, attn_mask)
         q, k, v = self._project(q_in, k_in, v_in)
-        res = scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
-            key_lengths=key_lengths, query_lengths=query_lengths, window=window, sinks=sinks,
-            softcap=softcap, alibi_slopes=alibi_slopes, alignment=alignment,
-            need_weights=need_weights)
+        res = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                           layout="blhd", need_weights=need_weights, **options)
         z, w = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
         out = self._output(z)
         if unbatched:
@@ -401,12 +389,10 @@ class MultiHeadAttention:
         names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
+    @takes(Padded)
     def vjp(self, query: ArrayInput, key: Optional[ArrayInput] = None,
             value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-            is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-            query_lengths: Optional[ArrayInput] = None, window: Window = None,
-            sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-            alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
+            is_causal: Causal = False, **options: Unpack[Padded],
             ) -> Tuple[NDArray[np.float32], Callable[[ArrayInput], Dict[str, NDArray[np.float32]]]]:
         """The layer's output and a function of its cotangent, for training.
 
@@ -436,15 +422,14 @@ class MultiHeadAttention:
         >>> for name, p in mha.parameters().items():    # one step of gradient descent
         ...     p -= 0.01 * grads[name]
         """
+        check_names(options, _OPTIONS, "MultiHeadAttention.vjp")
         q_in, k_in, v_in, mask, unbatched = self._inputs(query, key, value, attn_mask)
         weights = {n: w.copy() for n, w in self.parameters().items() if n.startswith("W_")}
         prints = Fingerprints("MultiHeadAttention.vjp", query=q_in, key=k_in, value=v_in,
                               attn_mask=mask)
         q, k, v = self._project(q_in, k_in, v_in)
-        z, attn_vjp = attention_vjp(
-            q, k, v, attn_mask=mask, is_causal=is_causal, layout="blhd",
-            key_lengths=key_lengths, query_lengths=query_lengths, window=window, sinks=sinks,
-            softcap=softcap, alibi_slopes=alibi_slopes, alignment=alignment, where=None)
+        z, attn_vjp = attention_vjp(q, k, v, attn_mask=mask, is_causal=is_causal, layout="blhd",
+                                    where=None, **options)
         out = self._output(z)
         shape = out.shape
 
