@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import contextvars
 import math
-from typing import Any, Iterator, List, Literal, NamedTuple, Optional, Tuple, Union, cast, overload
+from typing import (TYPE_CHECKING, Any, Iterator, List, Literal, NamedTuple, Optional, Tuple, Union,
+                    cast, overload)
 
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
+# (Alignment, Layout, Window: names in the signatures that takes() writes)
 from ._args import (CAUSAL, F32, Alignment, ArrayInput, AttentionArgs, Causal, Layout, Window,
                     attention_args, check_flag,
                     default_scale)
+from ._options import Options, check_names, names, plain, takes
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+#: the keywords of scaled_dot_product_attention's **options
+OPTIONS = names(Options)
 
 # Threads for the forward calls made in this context (0: the process's count,
 # set_num_threads). attnx.torch sets 1 around small calls (see its _threads_for).
@@ -96,97 +105,52 @@ def _core_calls(p: AttentionArgs, out: NDArray[Any], weights: Optional[NDArray[A
         yield _CoreCall(q, k, v, m, kl, ql, o, w, l4, p.variants.core(slopes, sinks))
 
 
+# The return type follows need_weights and return_lse (a plain bool: any of
+# them); the options are declared once, in attnx._options.
 @overload
 def scaled_dot_product_attention(
-        query: ArrayInput, key: ArrayInput, value: ArrayInput,
-        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None,
-        window: Window = None, sinks: Optional[ArrayInput] = None,
-        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-        alignment: Alignment = None,
-        need_weights: Literal[False] = False, return_lse: Literal[False] = False) -> F32: ...
-
-
+        query: ArrayInput, key: ArrayInput, value: ArrayInput, attn_mask: Optional[ArrayInput] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, need_weights: Literal[False] = False,
+        return_lse: Literal[False] = False, **options: Unpack[Options]) -> F32: ...
 @overload
 def scaled_dot_product_attention(
-        query: ArrayInput, key: ArrayInput, value: ArrayInput,
-        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None,
-        window: Window = None, sinks: Optional[ArrayInput] = None,
-        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-        alignment: Alignment = None,
-        need_weights: Literal[True], return_lse: Literal[False] = False) -> Tuple[F32, F32]: ...
-
-
+        query: ArrayInput, key: ArrayInput, value: ArrayInput, attn_mask: Optional[ArrayInput] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, need_weights: Literal[True],
+        return_lse: Literal[False] = False, **options: Unpack[Options]) -> Tuple[F32, F32]: ...
 @overload
 def scaled_dot_product_attention(
-        query: ArrayInput, key: ArrayInput, value: ArrayInput,
-        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None,
-        window: Window = None, sinks: Optional[ArrayInput] = None,
-        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-        alignment: Alignment = None,
-        need_weights: Literal[False] = False, return_lse: Literal[True]) -> Tuple[F32, F32]: ...
-
-
+        query: ArrayInput, key: ArrayInput, value: ArrayInput, attn_mask: Optional[ArrayInput] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, need_weights: Literal[False] = False,
+        return_lse: Literal[True], **options: Unpack[Options]) -> Tuple[F32, F32]: ...
 @overload
 def scaled_dot_product_attention(
-        query: ArrayInput, key: ArrayInput, value: ArrayInput,
-        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None,
-        window: Window = None, sinks: Optional[ArrayInput] = None,
-        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-        alignment: Alignment = None,
-        need_weights: Literal[True], return_lse: Literal[True]) -> Tuple[F32, F32, F32]: ...
-
-
+        query: ArrayInput, key: ArrayInput, value: ArrayInput, attn_mask: Optional[ArrayInput] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, need_weights: Literal[True],
+        return_lse: Literal[True], **options: Unpack[Options]) -> Tuple[F32, F32, F32]: ...
 @overload
 def scaled_dot_product_attention(
-        query: ArrayInput, key: ArrayInput, value: ArrayInput,
-        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None,
-        window: Window = None, sinks: Optional[ArrayInput] = None,
-        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-        alignment: Alignment = None,
-        need_weights: bool = False, return_lse: Literal[False] = False,
-) -> Union[F32, Tuple[F32, F32]]: ...
-
-
+        query: ArrayInput, key: ArrayInput, value: ArrayInput, attn_mask: Optional[ArrayInput] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, need_weights: bool = False, return_lse: Literal[False] = False,
+        **options: Unpack[Options]) -> Union[F32, Tuple[F32, F32]]: ...
 @overload
 def scaled_dot_product_attention(
-        query: ArrayInput, key: ArrayInput, value: ArrayInput,
-        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None,
-        window: Window = None, sinks: Optional[ArrayInput] = None,
-        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-        alignment: Alignment = None,
-        need_weights: bool = False, return_lse: bool = False,
-) -> Union[F32, Tuple[F32, F32], Tuple[F32, F32, F32]]: ...
+        query: ArrayInput, key: ArrayInput, value: ArrayInput, attn_mask: Optional[ArrayInput] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, need_weights: bool = False, return_lse: bool = False,
+        **options: Unpack[Options]) -> _Result: ...
 
 
+@takes(Options, before="need_weights")
 def scaled_dot_product_attention(
-        query: ArrayInput, key: ArrayInput, value: ArrayInput,
-        attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None,
-        window: Window = None, sinks: Optional[ArrayInput] = None,
-        softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-        alignment: Alignment = None,
-        need_weights: bool = False, return_lse: bool = False,
-) -> Union[F32, Tuple[F32, F32], Tuple[F32, F32, F32]]:
+        query: ArrayInput, key: ArrayInput, value: ArrayInput, attn_mask: Optional[ArrayInput] = None,
+        dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, need_weights: bool = False, return_lse: bool = False,
+        **options: Unpack[Options]) -> Union[F32, Tuple[F32, F32], Tuple[F32, F32, F32]]:
     """Masked multi-head scaled dot-product attention, ``softmax(Q Kᵀ · scale + mask) V``.
 
     Names and argument order follow ``torch.nn.functional.scaled_dot_product_attention``,
@@ -297,17 +261,14 @@ def scaled_dot_product_attention(
     """
     need_weights = check_flag(need_weights, "need_weights")
     return_lse = check_flag(return_lse, "return_lse")
-    if (attn_mask is None and key_lengths is None and query_lengths is None and need_weights is False
-            and return_lse is False and layout == "bhld" and enable_gqa is False
-            and window is None and sinks is None and softcap is None and alibi_slopes is None
-            and alignment is None):
+    if (attn_mask is None and need_weights is False and return_lse is False
+            and enable_gqa is False and (not options or plain(options))):
         out_fast = _fast_path(query, key, value, dropout_p, is_causal, scale)
         if out_fast is not None:
             return out_fast
+    check_names(options, OPTIONS, "scaled_dot_product_attention")
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                       layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
-                       window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
-                       alignment=alignment).astype(np.float32, half_kv=True)
+                       **options).astype(np.float32, half_kv=True)
     out_shape = p.out_shape
     out = np.empty(p.caller_shape(out_shape), np.float32)
     weights = np.empty(p.scores_shape, np.float32) if need_weights else None

@@ -11,18 +11,23 @@ mask's gradient over its broadcast axes.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
+# (Alignment, Layout, Window: names in the signatures that takes() writes)
 from ._args import (CAUSAL_ARG, F32, Alignment, ArrayInput, Causal, Layout, Window, as_array,
                     as_float, attention_args, check_flag, small_float_array,
                     check_layout, lse_like, output_like, shape_str)
-from ._functional import CALL_THREADS, fold_calls, scaled_dot_product_attention
+from ._functional import CALL_THREADS, OPTIONS, fold_calls, scaled_dot_product_attention
+from ._options import Options, check_names, takes
 from ._reference import reference_attention_backward
 from ._saved import Fingerprints
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["AttentionGrads", "scaled_dot_product_attention_vjp",
            "scaled_dot_product_attention_backward", "merge_attention", "reference_backward"]
@@ -66,16 +71,13 @@ def _mask_grad_arrays(mask: object, scores: Tuple[int, ...]) -> Tuple[F32, F32]:
     return g, view
 
 
+@takes(Options, before="mask_grad")
 def scaled_dot_product_attention_backward(
         dout: ArrayInput, query: ArrayInput, key: ArrayInput, value: ArrayInput,
         out: ArrayInput, lse: ArrayInput, attn_mask: Optional[ArrayInput] = None,
         dropout_p: float = 0.0, is_causal: Causal = False, scale: Optional[float] = None,
-        enable_gqa: bool = False, *, layout: Layout = "bhld",
-        key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None, window: Window = None,
-        sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
-        mask_grad: bool = True) -> AttentionGrads:
+        enable_gqa: bool = False, *, mask_grad: bool = True,
+        **options: Unpack[Options]) -> AttentionGrads:
     """Gradients of :func:`attnx.scaled_dot_product_attention` from saved tensors.
 
     ``dout`` is the gradient of the loss with respect to ``out`` (the output's
@@ -103,10 +105,9 @@ def scaled_dot_product_attention_backward(
     >>> g.query.shape, g.value.shape, g.attn_mask
     ((1, 2, 4, 8), (1, 2, 4, 8), None)
     """
+    check_names(options, OPTIONS, "scaled_dot_product_attention_backward")
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                       layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
-                       window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
-                       alignment=alignment).astype(np.float32)
+                       **options).astype(np.float32)
     o = output_like(out, "out", p)
     do = output_like(dout, "dout", p)
     lse4 = lse_like(lse, p)
@@ -127,7 +128,7 @@ def scaled_dot_product_attention_backward(
     gs = None
     if p.variants.sinks is not None:
         gs = _sinks_grad(p.variants.sinks.reshape(p.batch_shape + p.q.shape[-3:-2]), o, do,
-                         lse4[..., 0], sinks).astype(np.float32)
+                         lse4[..., 0], options.get("sinks")).astype(np.float32)
     return AttentionGrads(grads[0], grads[1], grads[2], gm, gs)
 
 
@@ -155,15 +156,12 @@ def _reduce_to(g: NDArray[Any], shape: Tuple[int, ...]) -> NDArray[Any]:
     return np.array(g.reshape(shape))
 
 
+@takes(Options)
 def scaled_dot_product_attention_vjp(
         query: ArrayInput, key: ArrayInput, value: ArrayInput,
         attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None, window: Window = None,
-        sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
-) -> Tuple[F32, Callable[[ArrayInput], AttentionGrads]]:
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False,
+        **options: Unpack[Options]) -> Tuple[F32, Callable[[ArrayInput], AttentionGrads]]:
     """The forward's output and a function of its cotangent (JAX's ``vjp``).
 
     Same arguments and semantics as :func:`attnx.scaled_dot_product_attention`.
@@ -188,36 +186,28 @@ def scaled_dot_product_attention_vjp(
     >>> g.query.shape, g.key.shape, g.value.shape, g.attn_mask
     ((2, 4, 10, 16), (2, 4, 10, 16), (2, 4, 10, 16), None)
     """
+    check_names(options, OPTIONS, "scaled_dot_product_attention_vjp")
     return attention_vjp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                         layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
-                         window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
-                         alignment=alignment)
+                         **options)
 
 
 def attention_vjp(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                   attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
                   is_causal: Causal = False, scale: Optional[float] = None,
-                  enable_gqa: bool = False, *, layout: Layout = "bhld",
-                  key_lengths: Optional[ArrayInput] = None,
-                  query_lengths: Optional[ArrayInput] = None, window: Window = None,
-                  sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-                  alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
+                  enable_gqa: bool = False, *,
                   where: Optional[str] = "scaled_dot_product_attention_vjp",
-                  ) -> Tuple[F32, Callable[[ArrayInput], AttentionGrads]]:
+                  **options: Unpack[Options]) -> Tuple[F32, Callable[[ArrayInput], AttentionGrads]]:
     """:func:`scaled_dot_product_attention_vjp`; ``where`` names the public function
     in the error of a modified input, None skips the fingerprints (a caller
     whose q, k, v are its own intermediate arrays, MultiHeadAttention.vjp)."""
     q, k, v = (as_array(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
 
-    def private(x: Optional[ArrayInput], name: str) -> Optional[NDArray[Any]]:
-        return None if x is None else np.array(as_array(x, name))
-    kw: Any = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                   enable_gqa=enable_gqa, layout=layout,
-                   key_lengths=private(key_lengths, "key_lengths"),
-                   query_lengths=private(query_lengths, "query_lengths"), window=window,
-                   sinks=private(sinks, "sinks"), softcap=softcap,
-                   alibi_slopes=private(alibi_slopes, "alibi_slopes"), alignment=alignment)
+    kw: Any = dict(options, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                   scale=scale, enable_gqa=enable_gqa)
+    for name in ("key_lengths", "query_lengths", "sinks", "alibi_slopes"):   # small: copied
+        if kw.get(name) is not None:
+            kw[name] = np.array(as_array(kw[name], name))
     out, lse = scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
     saved_out = out.copy()
     prints = None if where is None else Fingerprints(where, query=q, key=k, value=v,
@@ -231,14 +221,12 @@ def attention_vjp(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     return out, vjp
 
 
+@takes(Options)
 def reference_backward(
         dout: ArrayInput, query: ArrayInput, key: ArrayInput, value: ArrayInput,
         attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[ArrayInput] = None,
-        query_lengths: Optional[ArrayInput] = None, window: Window = None,
-        sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None) -> AttentionGrads:
+        is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False,
+        **options: Unpack[Options]) -> AttentionGrads:
     """The gradients of :func:`attnx.reference` in float64 NumPy: the oracle of the tests.
 
     Same arguments as :func:`attnx.scaled_dot_product_attention_vjp`, plus the
@@ -246,10 +234,9 @@ def reference_backward(
     :class:`attnx.AttentionGrads` of float64 arrays shaped like the inputs as
     passed. Slow and memory-hungry: it builds every score.
     """
+    check_names(options, OPTIONS, "reference_backward")
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                       layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
-                       window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
-                       alignment=alignment).astype(np.float64)
+                       **options).astype(np.float64)
     B = math.prod(p.batch_shape)
     q, k, v, mask = p.folded()
     do = output_like(dout, "dout", p, np.float64)
@@ -268,9 +255,9 @@ def reference_backward(
     if mask is not None and mask.dtype != np.bool_:
         gm = _mask_grad(ds.reshape(p.scores_shape), attn_mask).astype(np.float64)
     gs = None
-    if sinks is not None:
+    if options.get("sinks") is not None:
         gs = _reduce_to(dsinks.reshape(p.batch_shape + dsinks.shape[-1:]),
-                        np.shape(as_array(sinks, "sinks"))).astype(np.float64)
+                        np.shape(as_array(options.get("sinks"), "sinks"))).astype(np.float64)
     return AttentionGrads(as_passed(dq), as_passed(dk), as_passed(dv), gm, gs)
 
 

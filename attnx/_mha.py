@@ -10,47 +10,38 @@ The projections are NumPy matmuls (an optimised BLAS); the attention runs in
 the C core through :func:`attnx.scaled_dot_product_attention` with
 ``layout="blhd"``, which reads the (B, L, H, d_head) projections as they are,
 with no transpose copy.
+
+The layer's weights (sizes, initialisation, ``parameters``, torch's weights)
+are in :mod:`attnx._mha_weights`, the projections and their gradients in
+:mod:`attnx._mha_projections`; here are the call and its vjp.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Literal, Optional, SupportsIndex, Tuple, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Callable, Dict, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _torch_interop
-from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, as_float, check_flag,
-                    positive_int, shape_str)
+# (Alignment, Window: names in the signatures that takes() writes)
+from ._args import F32, Alignment, ArrayInput, Causal, Window, as_float, check_flag, shape_str
 from ._functional import scaled_dot_product_attention
 from ._grad import attention_vjp
+from ._mha_projections import Projections, input_grads
+from ._options import Padded, check_names, names, takes
 from ._saved import Fingerprints
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["MultiHeadAttention"]
 
-_M = TypeVar("_M", bound="MultiHeadAttention")
+#: the keywords of the layer's **options
+_OPTIONS = names(Padded)
+_Out = NDArray[np.float32]
 
 
-def _input_grads(dx: Dict[str, F32], key_defaulted: bool, value_defaulted: bool,
-                 unbatched: bool) -> Dict[str, F32]:
-    """The gradients of query, key and value from those through the projections
-    ``dx["q"]``, ``dx["k"]``, ``dx["v"]``: an input that defaulted to another
-    (key to query, value to key) adds into that one's."""
-    g = {"query": dx["q"]}
-    k_into = "query" if key_defaulted else "key"
-    v_into = k_into if value_defaulted else "value"
-    for into, d in ((k_into, dx["k"]), (v_into, dx["v"])):
-        g[into] = g[into] + d if into in g else d
-    return {n: a[0] if unbatched else a for n, a in g.items()}
-
-
-def _xavier(rng: np.random.Generator, fan_in: int, fan_out: int) -> F32:
-    """Xavier/Glorot uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)); (fan_in, fan_out) float32."""
-    a = np.sqrt(6.0 / (fan_in + fan_out))
-    return rng.uniform(-a, a, size=(fan_in, fan_out)).astype(np.float32)
-
-
-class MultiHeadAttention:
+class MultiHeadAttention(Projections):
     """Multi-head attention with NumPy weights, the Transformer's layer (as ``torch.nn.MultiheadAttention``).
 
     ``out = concat(head_1, ..., head_H) @ W_o + b_o`` with
@@ -102,129 +93,29 @@ class MultiHeadAttention:
     (2, 7, 50)
     """
 
-    d_model: int
-    num_heads: int
-    d_head: int
-    kdim: int
-    vdim: int
-    bias: bool
-    W_q: NDArray[np.float32]
-    W_k: NDArray[np.float32]
-    W_v: NDArray[np.float32]
-    W_o: NDArray[np.float32]
-    b_q: Optional[NDArray[np.float32]]
-    b_k: Optional[NDArray[np.float32]]
-    b_v: Optional[NDArray[np.float32]]
-    b_o: Optional[NDArray[np.float32]]
-
-    def __init__(self, d_model: SupportsIndex, num_heads: SupportsIndex,
-                 d_head: Optional[SupportsIndex] = None, *, bias: bool = True,
-                 kdim: Optional[SupportsIndex] = None, vdim: Optional[SupportsIndex] = None,
-                 seed: Union[None, int, np.random.SeedSequence, np.random.Generator] = None,
-                 ) -> None:
-        dm = positive_int(d_model, "d_model")
-        H = positive_int(num_heads, "num_heads")
-        dh = max(1, dm // H) if d_head is None else positive_int(d_head, "d_head")
-        kd = dm if kdim is None else positive_int(kdim, "kdim")
-        vd = dm if vdim is None else positive_int(vdim, "vdim")
-
-        self.d_model = dm
-        self.num_heads = H
-        self.d_head = dh
-        self.kdim = kd
-        self.vdim = vd
-        self.bias = check_flag(bias, "bias")
-
-        HD = H * dh
-        rng = np.random.default_rng(seed)
-        self.W_q = _xavier(rng, dm, HD)
-        self.W_k = _xavier(rng, kd, HD)
-        self.W_v = _xavier(rng, vd, HD)
-        self.W_o = _xavier(rng, HD, dm)
-        if self.bias:
-            self.b_q = np.zeros(HD, dtype=np.float32)
-            self.b_k = np.zeros(HD, dtype=np.float32)
-            self.b_v = np.zeros(HD, dtype=np.float32)
-            self.b_o = np.zeros(dm, dtype=np.float32)
-        else:
-            self.b_q = self.b_k = self.b_v = self.b_o = None
-
-    # ------------------------------------------------------------------ helpers
-
-    @property
-    def inner_dim(self) -> int:
-        """H * d_head: the width of the concatenated heads."""
-        return self.num_heads * self.d_head
-
-    def _check_parameters(self) -> None:
-        HD = self.inner_dim
-        expected = {
-            "W_q": (self.d_model, HD), "W_k": (self.kdim, HD), "W_v": (self.vdim, HD),
-            "W_o": (HD, self.d_model),
-            "b_q": (HD,), "b_k": (HD,), "b_v": (HD,), "b_o": (self.d_model,),
-        }
-        for name, shape in expected.items():
-            w = getattr(self, name)
-            if w is None and name.startswith("b_"):
-                continue
-            if not isinstance(w, np.ndarray) or w.shape != shape:
-                got = shape_str(w) if isinstance(w, np.ndarray) else type(w).__name__
-                raise ValueError(f"{self!r}: {name} must be an array of shape {shape}; got {got}")
-
-    def __repr__(self) -> str:
-        extra = ""
-        if self.kdim != self.d_model:
-            extra += f", kdim={self.kdim}"
-        if self.vdim != self.d_model:
-            extra += f", vdim={self.vdim}"
-        return (f"{type(self).__name__}(d_model={self.d_model}, num_heads={self.num_heads}, "
-                f"d_head={self.d_head}, bias={self.bias}{extra})")
-
-    # --------------------------------------------------------------------- call
-
+    # need_weights=True adds the weights; the options are declared once, in attnx._options
     @overload
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None,
-                 window: Window = None, sinks: Optional[ArrayInput] = None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-                 alignment: Alignment = None,
-                 need_weights: Literal[False] = False,
-                 average_weights: bool = False) -> NDArray[np.float32]: ...
-
+                 is_causal: Causal = False, need_weights: Literal[False] = False,
+                 average_weights: bool = False, **options: Unpack[Padded]) -> _Out: ...
     @overload
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None,
-                 window: Window = None, sinks: Optional[ArrayInput] = None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-                 alignment: Alignment = None,
-                 need_weights: Literal[True],
-                 average_weights: bool = False) -> Tuple[NDArray[np.float32], NDArray[np.float32]]: ...
-
+                 is_causal: Causal = False, need_weights: Literal[True],
+                 average_weights: bool = False, **options: Unpack[Padded]) -> Tuple[_Out, _Out]: ...
     @overload
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None,
-                 window: Window = None, sinks: Optional[ArrayInput] = None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-                 alignment: Alignment = None,
-                 need_weights: bool = False,
+                 is_causal: Causal = False, need_weights: bool = False,
                  average_weights: bool = False,
-                 ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]: ...
+                 **options: Unpack[Padded]) -> Union[_Out, Tuple[_Out, _Out]]: ...
 
+    @takes(Padded, before="need_weights")
     def __call__(self, query: ArrayInput, key: Optional[ArrayInput] = None,
                  value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-                 is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-                 query_lengths: Optional[ArrayInput] = None,
-                 window: Window = None, sinks: Optional[ArrayInput] = None,
-                 softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-                 alignment: Alignment = None,
-                 need_weights: bool = False,
-                 average_weights: bool = False,
+                 is_causal: Causal = False, need_weights: bool = False,
+                 average_weights: bool = False, **options: Unpack[Padded],
                  ) -> Union[NDArray[np.float32], Tuple[NDArray[np.float32], NDArray[np.float32]]]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -289,13 +180,11 @@ class MultiHeadAttention:
         """
         need_weights = check_flag(need_weights, "need_weights")
         average_weights = check_flag(average_weights, "average_weights")
+        check_names(options, _OPTIONS, "MultiHeadAttention.__call__")
         q_in, k_in, v_in, attn_mask, unbatched = self._inputs(query, key, value, attn_mask)
         q, k, v = self._project(q_in, k_in, v_in)
-        res = scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, layout="blhd",
-            key_lengths=key_lengths, query_lengths=query_lengths, window=window, sinks=sinks,
-            softcap=softcap, alibi_slopes=alibi_slopes, alignment=alignment,
-            need_weights=need_weights)
+        res = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                           layout="blhd", need_weights=need_weights, **options)
         z, w = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
         out = self._output(z)
         if unbatched:
@@ -308,105 +197,10 @@ class MultiHeadAttention:
             w = w[0]
         return out, w
 
-    def _inputs(self, query: object, key: object, value: object, attn_mask: object) -> Tuple[
-            F32, F32, F32, Optional[NDArray[Any]], bool]:
-        """The inputs as float32 (B, L, features) arrays (key defaults to query,
-        value to key), the mask, and whether they came unbatched."""
-        self._check_parameters()
-        q_in = as_float(query, "query")
-        k_in = q_in if key is None else as_float(key, "key")
-        v_in = k_in if value is None else as_float(value, "value")
-        self._check_inputs(q_in, k_in, v_in, key is None, value is None)
-        unbatched = q_in.ndim == 2
-        if unbatched:
-            q_in, k_in, v_in = q_in[None], k_in[None], v_in[None]
-        mask = None
-        if attn_mask is not None:
-            mask = self._mask(attn_mask, (q_in.shape[0], self.num_heads, q_in.shape[1], k_in.shape[1]),
-                              unbatched)
-        return q_in, k_in, v_in, mask, unbatched
-
-    def _check_inputs(self, q_in: F32, k_in: F32, v_in: F32, key_defaulted: bool,
-                      value_defaulted: bool) -> None:
-        """ValueError unless query, key and value fit the layer and each other."""
-        def shapes() -> str:
-            return (f"query {shape_str(q_in)}, key {shape_str(k_in)}, value {shape_str(v_in)} "
-                    f"for {self!r} (kdim={self.kdim}, vdim={self.vdim})")
-
-        k_name = "key (defaulted to query)" if key_defaulted else "key"
-        v_name = "value" if not value_defaulted else (
-            "value (defaulted to query)" if key_defaulted else "value (defaulted to key)")
-        for a, name in ((q_in, "query"), (k_in, k_name), (v_in, v_name)):
-            if a.ndim not in (2, 3):
-                raise ValueError(f"{name} must be (B, L, features) or unbatched (L, features); "
-                                 f"got shape {shape_str(a)}")
-        if not (q_in.ndim == k_in.ndim == v_in.ndim):
-            raise ValueError(f"query, key and value must all be batched (B, L, features) or all "
-                             f"unbatched (L, features); got {shapes()}")
-        for a, name, dim, attr in ((q_in, "query", self.d_model, "d_model"),
-                                   (k_in, k_name, self.kdim, "kdim"),
-                                   (v_in, v_name, self.vdim, "vdim")):
-            if a.shape[-1] != dim:
-                raise ValueError(f"{name} has {a.shape[-1]} features but the layer's {attr} is "
-                                 f"{dim}; got {shapes()}")
-        if k_in.shape[-2] != v_in.shape[-2]:
-            raise ValueError(f"key and value must have the same length Lk; got {shapes()}")
-        if q_in.ndim == 3 and not (q_in.shape[0] == k_in.shape[0] == v_in.shape[0]):
-            raise ValueError(f"query, key and value must have the same batch size B; got {shapes()}")
-
-    @staticmethod
-    def _mask(attn_mask: object, scores: Tuple[int, int, int, int], unbatched: bool) -> NDArray[Any]:
-        """The mask as an array; ValueError for the shapes that would broadcast to
-        ``scores`` (B, H, Lq, Lk) in a way the caller did not mean."""
-        m = as_array(attn_mask, "attn_mask")
-        if m.ndim == 3 and not unbatched and m.shape[0] != 1:
-            raise ValueError(
-                f"a 3-D attn_mask {shape_str(m)} is ambiguous for batched inputs: pass "
-                f"mask[:, None] for a (B, Lq, Lk) mask, mask[None] for (H, Lq, Lk), or "
-                f"mask.reshape(B, H, Lq, Lk) for torch's (B*H, Lq, Lk)")
-        if m.ndim > 4 or (unbatched and m.ndim == 4 and m.shape[0] != 1):
-            raise ValueError(f"attn_mask {shape_str(m)} must broadcast to (B, H, Lq, Lk) = "
-                             f"{scores}{' (unbatched: (H, Lq, Lk))' if unbatched else ''}")
-        return m
-
-    def _project(self, q_in: NDArray[np.float32], k_in: NDArray[np.float32],
-                 v_in: NDArray[np.float32]) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
-        """(B, L, features) @ (features, H*D) + b -> (B, L, H*D) -> views (B, L, H, D)."""
-        B, Lq, Lk = q_in.shape[0], q_in.shape[1], k_in.shape[1]
-        H, D = self.num_heads, self.d_head
-        q = q_in @ self.W_q
-        k = k_in @ self.W_k
-        v = v_in @ self.W_v
-        if self.b_q is not None:
-            q += self.b_q
-        if self.b_k is not None:
-            k += self.b_k
-        if self.b_v is not None:
-            v += self.b_v
-        return q.reshape(B, Lq, H, D), k.reshape(B, Lk, H, D), v.reshape(B, Lk, H, D)
-
-    def _output(self, z: NDArray[Any]) -> NDArray[np.float32]:
-        """(B, Lq, H, D) -> (B, Lq, H*D) @ (H*D, d_model) + b_o -> (B, Lq, d_model)."""
-        out = z.reshape(z.shape[0], z.shape[1], z.shape[2] * z.shape[3]) @ self.W_o
-        if self.b_o is not None:
-            out += self.b_o
-        return out.astype(np.float32, copy=False)
-
-    # -------------------------------------------------------------- gradients
-
-    def parameters(self) -> Dict[str, NDArray[np.float32]]:
-        """The layer's arrays by name (W_q, W_k, W_v, W_o, and b_q, b_k, b_v, b_o
-        when it has biases): the live arrays, so an optimiser updates them in place
-        (``p -= lr * grads[name]``)."""
-        names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-
+    @takes(Padded)
     def vjp(self, query: ArrayInput, key: Optional[ArrayInput] = None,
             value: Optional[ArrayInput] = None, *, attn_mask: Optional[ArrayInput] = None,
-            is_causal: Causal = False, key_lengths: Optional[ArrayInput] = None,
-            query_lengths: Optional[ArrayInput] = None, window: Window = None,
-            sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-            alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
+            is_causal: Causal = False, **options: Unpack[Padded],
             ) -> Tuple[NDArray[np.float32], Callable[[ArrayInput], Dict[str, NDArray[np.float32]]]]:
         """The layer's output and a function of its cotangent, for training.
 
@@ -436,15 +230,14 @@ class MultiHeadAttention:
         >>> for name, p in mha.parameters().items():    # one step of gradient descent
         ...     p -= 0.01 * grads[name]
         """
+        check_names(options, _OPTIONS, "MultiHeadAttention.vjp")
         q_in, k_in, v_in, mask, unbatched = self._inputs(query, key, value, attn_mask)
         weights = {n: w.copy() for n, w in self.parameters().items() if n.startswith("W_")}
         prints = Fingerprints("MultiHeadAttention.vjp", query=q_in, key=k_in, value=v_in,
                               attn_mask=mask)
         q, k, v = self._project(q_in, k_in, v_in)
-        z, attn_vjp = attention_vjp(
-            q, k, v, attn_mask=mask, is_causal=is_causal, layout="blhd",
-            key_lengths=key_lengths, query_lengths=query_lengths, window=window, sinks=sinks,
-            softcap=softcap, alibi_slopes=alibi_slopes, alignment=alignment, where=None)
+        z, attn_vjp = attention_vjp(q, k, v, attn_mask=mask, is_causal=is_causal, layout="blhd",
+                                    where=None, **options)
         out = self._output(z)
         shape = out.shape
 
@@ -459,84 +252,9 @@ class MultiHeadAttention:
             ga = attn_vjp(dz)
             dx = {n: self._projection_grads(n, x, gp, g, weights["W_" + n])
                   for n, x, gp in (("q", q_in, ga.query), ("k", k_in, ga.key), ("v", v_in, ga.value))}
-            g.update(_input_grads(dx, key is None, value is None, unbatched))
+            g.update(input_grads(dx, key is None, value is None, unbatched))
             if ga.sinks is not None:
                 g["sinks"] = ga.sinks
             return {n: a.astype(np.float32, copy=False) for n, a in g.items()}
 
         return (out[0] if unbatched else out), vjp
-
-    def _output_grads(self, z: NDArray[Any], do: F32,
-                      W_o: F32) -> Tuple[Dict[str, F32], NDArray[Any]]:
-        """The gradients of W_o (and b_o) for ``do`` (B, Lq, d_model), and that of
-        the heads ``z`` (B, Lq, H, D), through the forward's ``W_o``."""
-        zf = z.reshape(-1, z.shape[2] * z.shape[3])                 # (B*Lq, H*D)
-        do2 = do.reshape(-1, do.shape[-1])                          # (B*Lq, d_model)
-        g = {"W_o": zf.T @ do2}
-        if self.b_o is not None:
-            g["b_o"] = do2.sum(axis=0)
-        return g, (do2 @ W_o.T).reshape(z.shape)
-
-    def _projection_grads(self, n: str, x: F32, gp: NDArray[Any], g: Dict[str, F32],
-                          W_n: F32) -> F32:
-        """Adds to ``g`` the gradients of W_n (and b_n), n in "q", "k", "v", for the
-        gradient ``gp`` (B, L, H, D) of the projection of ``x`` (B, L, features);
-        returns the gradient of ``x`` through the forward's ``W_n``."""
-        gp2 = gp.reshape(-1, gp.shape[2] * gp.shape[3])             # (B*L, H*D)
-        g["W_" + n] = x.reshape(-1, x.shape[-1]).T @ gp2
-        if getattr(self, "b_" + n) is not None:
-            g["b_" + n] = gp2.sum(axis=0)
-        dx: F32 = (gp2 @ W_n.T).reshape(x.shape)
-        return dx
-
-    # -------------------------------------------------------------------- torch
-
-    def load_torch(self: _M, module: Any) -> _M:
-        """Copy the weights of a ``torch.nn.MultiheadAttention`` into this layer (in place).
-
-        torch computes ``x @ W.T + b`` with ``W`` of shape (out, in): its packed
-        ``in_proj_weight`` (3E, E) holds the query, key and value rows (or
-        ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim), ``v_proj_weight``
-        (E, vdim) when kdim/vdim differ from E), ``in_proj_bias`` (3E,), and
-        ``out_proj`` a Linear(E, E). They are copied as float32 NumPy arrays
-        (``W_q = in_proj_weight[:E].T`` and so on), sharing no memory with
-        torch. The layer then gives torch's results (with the mask conventions
-        described in the class docstring); ``batch_first`` does not matter.
-
-        The layer's d_model, num_heads, d_head, kdim and vdim must match the
-        module's (embed_dim, num_heads, head_dim = embed_dim // num_heads,
-        kdim, vdim); the biases follow the module's (``self.bias`` is updated).
-        Modules with ``add_bias_kv`` or ``add_zero_attn`` are refused. Dropout
-        is not applied (put the torch module in ``eval()`` mode to compare): a
-        module in training mode with ``dropout > 0`` gives a UserWarning.
-
-        Returns ``self``.
-
-        Examples
-        --------
-        >>> import torch, attnx                                    # doctest: +SKIP
-        >>> t = torch.nn.MultiheadAttention(64, 8, batch_first=True).eval()  # doctest: +SKIP
-        >>> mha = attnx.MultiHeadAttention(64, 8).load_torch(t)    # doctest: +SKIP
-        """
-        return _torch_interop.load_torch(self, module, stacklevel=3)
-
-    @classmethod
-    def from_torch(cls: type[_M], module: Any) -> _M:
-        """A new layer holding a copy of a ``torch.nn.MultiheadAttention``'s weights.
-
-        Sizes (embed_dim, num_heads, kdim, vdim) and biases are taken from the
-        module; see :meth:`load_torch` (a module in training mode with
-        ``dropout > 0`` gives a UserWarning: attnx applies no dropout). torch needs ``embed_dim`` divisible by
-        ``num_heads``, so the layer has ``d_head = embed_dim // num_heads``.
-
-        Examples
-        --------
-        >>> import numpy as np, torch, attnx                                  # doctest: +SKIP
-        >>> t = torch.nn.MultiheadAttention(64, 8, batch_first=True).eval()   # doctest: +SKIP
-        >>> mha = attnx.MultiHeadAttention.from_torch(t)                      # doctest: +SKIP
-        >>> x = np.random.default_rng(0).standard_normal((2, 5, 64), dtype=np.float32)  # doctest: +SKIP
-        >>> ref = t(*(torch.from_numpy(x),) * 3, need_weights=False)[0].detach().numpy()  # doctest: +SKIP
-        >>> np.allclose(mha(x), ref, atol=1e-5)                               # doctest: +SKIP
-        True
-        """
-        return _torch_interop.from_torch(cls, module)

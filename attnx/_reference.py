@@ -22,15 +22,18 @@ Semantics (shared with the C core):
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Tuple, Union, overload
+from typing import TYPE_CHECKING, Any, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _attnx
-from ._args import (CAUSAL_ARG, NO_VARIANTS, Alignment, ArrayInput, Causal, Layout, Variants,
-                    Window, as_array,
+from ._args import (CAUSAL_ARG, NO_VARIANTS, ArrayInput, Causal, Variants, as_array,
                     attention_args, check_flag, default_scale)
+from ._options import Options
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 F64 = NDArray[np.float64]
 
@@ -196,41 +199,23 @@ def _weighted_sum(w: F64, v: F64) -> F64:
     return out
 
 
+# need_weights=True adds the weights; the options are declared once, in attnx._options
 @overload
 def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-              is_causal: Causal = False, scale: Optional[float] = None,
-              enable_gqa: bool = False, *, layout: Layout = "bhld",
-              key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
-              window: Window = None, sinks: Optional[ArrayInput] = None,
-              softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-              alignment: Alignment = None,
-              need_weights: Literal[False] = False) -> F64: ...
-
-
+              is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False,
+              *, need_weights: Literal[False] = False, **options: Unpack[Options]) -> F64: ...
 @overload
 def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-              is_causal: Causal = False, scale: Optional[float] = None,
-              enable_gqa: bool = False, *, layout: Layout = "bhld",
-              key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
-              window: Window = None, sinks: Optional[ArrayInput] = None,
-              softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-              alignment: Alignment = None,
-              need_weights: Literal[True]) -> Tuple[F64, F64]: ...
-
-
+              is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False,
+              *, need_weights: Literal[True], **options: Unpack[Options]) -> Tuple[F64, F64]: ...
 @overload
 def reference(query: ArrayInput, key: ArrayInput, value: ArrayInput,
               attn_mask: Optional[ArrayInput] = None, dropout_p: float = 0.0,
-              is_causal: Causal = False, scale: Optional[float] = None,
-              enable_gqa: bool = False, *, layout: Layout = "bhld",
-              key_lengths: Optional[ArrayInput] = None, query_lengths: Optional[ArrayInput] = None,
-              window: Window = None, sinks: Optional[ArrayInput] = None,
-              softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None,
-              alignment: Alignment = None,
-              need_weights: bool = False,
-              ) -> Union[F64, Tuple[F64, F64]]: ...
+              is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False,
+              *, need_weights: bool = False,
+              **options: Unpack[Options]) -> Union[F64, Tuple[F64, F64]]: ...
 
 
 def reference(*args: Any, need_weights: bool = False, **kwargs: Any) -> Any:
@@ -271,7 +256,7 @@ def reference(*args: Any, need_weights: bool = False, **kwargs: Any) -> Any:
     """
     need_weights = check_flag(need_weights, "need_weights")
     # the arguments' names, order and defaults are attention_args's (the overloads above
-    # spell them for type checkers)
+    # give them to type checkers, the options from attnx._options)
     p = attention_args(*args, **kwargs).astype(np.float64)
     q, k, v, mask = p.folded()
     o, w, _, _ = _forward64(q, k, v, mask, CAUSAL_ARG[p.causal], p.scale, p.key_lengths,

@@ -17,9 +17,9 @@ import numpy as np
 from ._args import F32
 
 if TYPE_CHECKING:
-    from ._mha import MultiHeadAttention
+    from ._mha_weights import LayerWeights
 
-_M = TypeVar("_M", bound="MultiHeadAttention")
+_M = TypeVar("_M", bound="LayerWeights")
 
 
 def import_torch() -> Any:
@@ -47,7 +47,7 @@ def _has_bias(module: Any) -> bool:
     return module.in_proj_bias is not None or module.out_proj.bias is not None
 
 
-def _check_compatible(layer: MultiHeadAttention, module: Any) -> None:
+def _check_compatible(layer: LayerWeights, module: Any) -> None:
     """ValueError unless the module's sizes are the layer's and it has no option attnx lacks."""
     theirs = (module.embed_dim, module.num_heads, module.head_dim, module.kdim, module.vdim)
     ours = (layer.d_model, layer.num_heads, layer.d_head, layer.kdim, layer.vdim)

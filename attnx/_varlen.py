@@ -9,19 +9,27 @@ stored, copied or computed.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import NDArray
 
+# (Alignment, Window: names in the signature that takes() writes)
 from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, attention_args,
                     check_flag, float_array, integer_array, nonnegative_int, shape_str,
                     small_float_array)
 from ._functional import scaled_dot_product_attention
 from ._grad import AttentionGrads, scaled_dot_product_attention_backward
+from ._options import Variants, check_names, names, takes
 from ._saved import Fingerprints
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["varlen_attention", "varlen_attention_vjp", "pack", "unpack"]
+
+#: the keywords of the varlen functions' **options
+VARIANTS = names(Variants)
 
 
 def _cu_seqlens(x: object, name: str, total: int) -> NDArray[np.int64]:
@@ -110,33 +118,27 @@ class _Packed:
         return out, lse
 
 
+# return_lse=True adds lse; the options are declared once, in attnx._options
 @overload
 def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                      cu_seqlens_q: ArrayInput, cu_seqlens_k: ArrayInput, *,
                      scale: Optional[float] = None, is_causal: Causal = False,
-                     enable_gqa: bool = False, window: Window = None,
-                     sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-                     alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
-                     return_lse: Literal[False] = False) -> F32: ...
-
-
+                     enable_gqa: bool = False, return_lse: Literal[False] = False,
+                     **options: Unpack[Variants]) -> F32: ...
 @overload
 def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                      cu_seqlens_q: ArrayInput, cu_seqlens_k: ArrayInput, *,
                      scale: Optional[float] = None, is_causal: Causal = False,
-                     enable_gqa: bool = False, window: Window = None,
-                     sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-                     alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
-                     return_lse: bool) -> Union[F32, Tuple[F32, F32]]: ...
+                     enable_gqa: bool = False, return_lse: bool,
+                     **options: Unpack[Variants]) -> Union[F32, Tuple[F32, F32]]: ...
 
 
+@takes(Variants, before="return_lse")
 def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                      cu_seqlens_q: ArrayInput, cu_seqlens_k: ArrayInput, *,
                      scale: Optional[float] = None, is_causal: Causal = False,
-                     enable_gqa: bool = False, window: Window = None,
-                     sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-                     alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
-                     return_lse: bool = False) -> Union[F32, Tuple[F32, F32]]:
+                     enable_gqa: bool = False, return_lse: bool = False,
+                     **options: Unpack[Variants]) -> Union[F32, Tuple[F32, F32]]:
     """Attention over a packed batch of sequences of different lengths.
 
     query (total_q, Hq, E), key (total_k, Hk, E), value (total_k, Hk, Ev);
@@ -161,19 +163,19 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     (7, 2, 8)
     """
     return_lse = check_flag(return_lse, "return_lse")
-    opts = dict(scale=scale, is_causal=is_causal, enable_gqa=enable_gqa, window=window,
-                softcap=softcap, alignment=alignment)
+    check_names(options, VARIANTS, "varlen_attention")
+    opts: dict[str, Any] = dict(options, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
+    sinks, alibi_slopes = opts.pop("sinks", None), opts.pop("alibi_slopes", None)
     out, lse = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, opts, sinks,
                        alibi_slopes).forward()
     return (out, lse) if return_lse else out
 
 
+@takes(Variants)
 def varlen_attention_vjp(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                          cu_seqlens_q: ArrayInput, cu_seqlens_k: ArrayInput, *,
                          scale: Optional[float] = None, is_causal: Causal = False,
-                         enable_gqa: bool = False, window: Window = None,
-                         sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
-                         alibi_slopes: Optional[ArrayInput] = None, alignment: Alignment = None,
+                         enable_gqa: bool = False, **options: Unpack[Variants],
                          ) -> Tuple[F32, Callable[[ArrayInput], AttentionGrads]]:
     """:func:`attnx.varlen_attention`'s output and a function of its cotangent.
 
@@ -188,10 +190,11 @@ def varlen_attention_vjp(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     reference with a fingerprint, and ``vjp`` raises RuntimeError naming one
     that was modified in place in between.
     """
-    opts = dict(scale=scale, is_causal=is_causal, enable_gqa=enable_gqa, window=window,
-                softcap=softcap, alignment=alignment)
-    sinks, alibi_slopes = (None if x is None else np.array(as_array(x, n))
-                           for x, n in ((sinks, "sinks"), (alibi_slopes, "alibi_slopes")))
+    check_names(options, VARIANTS, "varlen_attention_vjp")
+    opts: dict[str, Any] = dict(options, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
+    sinks, alibi_slopes = (None if x is None else np.array(as_array(x, n))   # private copies
+                           for x, n in ((opts.pop("sinks", None), "sinks"),
+                                        (opts.pop("alibi_slopes", None), "alibi_slopes")))
     pk = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, opts, sinks, alibi_slopes)
     out, lse = pk.forward()
     saved_out = out.copy()

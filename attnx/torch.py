@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator, Literal, Optional, Tuple, Union, overload
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 import torch
 
-from ._args import (Alignment, Causal, Layout, Window, bfloat16_arrays, check_flag,
+# (Alignment, ArrayInput, Window: names in the signature that takes() writes)
+from ._args import (Alignment, ArrayInput, Causal, Layout, Window, bfloat16_arrays, check_flag,
                     torch_bfloat16)
-from ._functional import CALL_THREADS, plain_forward
+from ._functional import CALL_THREADS, OPTIONS, plain_forward
 from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
+from ._options import DEFAULTS, Options, check_names, plain, takes
 from . import _attnx
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -268,48 +273,37 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
 
 
 # need_weights=False (the default) returns a tensor, True a pair: overloads, so
-# that a typed caller's ``out.sum()`` type-checks (a plain bool: either)
+# that a typed caller's ``out.sum()`` type-checks (a plain bool: either). The
+# options are declared once, in attnx._options (``sinks`` must be a tensor here).
 @overload
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[Any] = None,
-        query_lengths: Optional[Any] = None, window: Window = None,
-        sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[Any] = None, alignment: Alignment = None,
-        need_weights: Literal[False] = False) -> torch.Tensor: ...
+        need_weights: Literal[False] = False, **options: Unpack[Options]) -> torch.Tensor: ...
 @overload
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[Any] = None,
-        query_lengths: Optional[Any] = None, window: Window = None,
-        sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[Any] = None, alignment: Alignment = None,
-        need_weights: Literal[True]) -> Tuple[torch.Tensor, torch.Tensor]: ...
+        need_weights: Literal[True],
+        **options: Unpack[Options]) -> Tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[Any] = None,
-        query_lengths: Optional[Any] = None, window: Window = None,
-        sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[Any] = None, alignment: Alignment = None,
-        need_weights: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
+        need_weights: bool = False,
+        **options: Unpack[Options]) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
 
 
+@takes(Options, before="need_weights")
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
-        layout: Layout = "bhld", key_lengths: Optional[Any] = None,
-        query_lengths: Optional[Any] = None, window: Window = None,
-        sinks: Optional[torch.Tensor] = None, softcap: Optional[float] = None,
-        alibi_slopes: Optional[Any] = None, alignment: Alignment = None,
-        need_weights: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        need_weights: bool = False,
+        **options: Unpack[Options]) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """``torch.nn.functional.scaled_dot_product_attention`` computed by attnx, with gradients.
 
     query (B..., Hq, Lq, E), key (B..., Hk, Lk, E), value (B..., Hk, Lk, Ev):
@@ -340,9 +334,7 @@ def scaled_dot_product_attention(
     >>> q.grad.shape
     torch.Size([2, 4, 10, 16])
     """
-    if (attn_mask is None and sinks is None and need_weights is False and layout == "bhld"
-            and key_lengths is None and query_lengths is None and window is None
-            and softcap is None and alibi_slopes is None and alignment is None
+    if (attn_mask is None and need_weights is False and (not options or plain(options))
             and type(dropout_p) is float and dropout_p == 0.0
             and type(query) is torch.Tensor and type(key) is torch.Tensor
             and type(value) is torch.Tensor
@@ -351,10 +343,12 @@ def scaled_dot_product_attention(
         lean = _lean(query, key, value, is_causal, scale, enable_gqa)
         if lean is not None:
             return lean
-    opts: dict[str, Any] = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                enable_gqa=enable_gqa, layout=layout, key_lengths=key_lengths,
-                                query_lengths=query_lengths, window=window, softcap=softcap,
-                                alibi_slopes=alibi_slopes, alignment=alignment)
+    check_names(options, OPTIONS, "scaled_dot_product_attention")
+    opts: dict[str, Any] = dict(options, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                enable_gqa=enable_gqa)
+    opts.setdefault("layout", DEFAULTS["layout"])
+    sinks = opts.pop("sinks", None)          # a tensor: a gradient flows to it
+    layout = opts["layout"]
     tensors = (query, key, value, attn_mask, sinks)
     _check_tensors(tensors, ("query", "key", "value", "attn_mask", "sinks"))
     need_weights = check_flag(need_weights, "need_weights")

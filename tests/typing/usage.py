@@ -101,6 +101,9 @@ def main() -> None:
     out: F32 = attnx.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
     ref: NDArray[np.float64] = attnx.reference(q, k, v, mask, enable_gqa=True)
     assert out.shape == (2, 8, 16, 24)
+    ref_w: tuple[NDArray[np.float64], NDArray[np.float64]] = attnx.reference(
+        q, k, v, mask, enable_gqa=True, need_weights=True, window=(4, 0), softcap=30.0)
+    assert ref_w[1].shape == (2, 8, 16, 16)
     assert float(np.max(np.abs(out - ref))) < 1e-4
 
     # (B, L, H, E), what a projection reshaped gives; lists work as lengths
@@ -114,6 +117,9 @@ def main() -> None:
     if isinstance(res, tuple):
         _, w = res
         assert w.shape == (2, 8, 16, 16)
+    res_lse: Union[F32, tuple[F32, F32], tuple[F32, F32, F32]] = attnx.scaled_dot_product_attention(
+        q, k, v, enable_gqa=True, need_weights=want, return_lse=want)
+    assert isinstance(res_lse, tuple) and len(res_lse) == 3
 
     # a tutorial's example sentence through a GloVe-sized layer
     tokens = "The animal didn't cross the street because it was too tired".split()
@@ -134,6 +140,8 @@ def main() -> None:
     mha_var: F32 = mha(emb, is_causal=True, window=(3, 0), sinks=np.zeros(8, np.float32),
                        softcap=30.0, alibi_slopes=np.full(8, 0.5, np.float32))
     assert mha_var.shape == emb.shape
+    mha_res: Union[F32, tuple[F32, F32]] = mha(emb, need_weights=want, key_lengths=[7, 5])
+    assert isinstance(mha_res, tuple) and mha_res[1].shape == (2, 8, len(tokens), len(tokens))
 
     # the variants: sliding window, sinks, soft-capping, ALiBi, and their alignment
     sinks: F32 = np.zeros(8, np.float32)
