@@ -59,6 +59,9 @@ class Options(_Layout, _Lengths, Variants, total=False):
     (the bases' keys in order: layout, the lengths, the variants)."""
 
 
+#: Every option's name (Options is the widest set).
+_OPTION_NAMES = frozenset(Options.__annotations__)
+
 #: The options' defaults where they are not None.
 DEFAULTS: Dict[str, object] = {"layout": "bhld"}
 
@@ -107,8 +110,12 @@ def check_names(options: Mapping[str, object], allowed: FrozenSet[str], where: s
 
 
 def plain(options: Mapping[str, object]) -> bool:
-    """Whether ``options`` asks for nothing but the defaults (the plain call)."""
+    """Whether ``options`` asks for nothing but the defaults (the plain call).
+    A name that is no option is not plain: the checked path refuses it by name,
+    even with the value None (``windw=None``)."""
     for n, v in options.items():
+        if n not in _OPTION_NAMES:
+            return False
         d = DEFAULTS.get(n)
         if not (v is d or (type(v) is type(d) and v == d)):
             return False

@@ -51,6 +51,17 @@ __all__ = ["scaled_dot_product_attention"]
 OPENMP = _attnx.use_openmp(True, os.path.dirname(torch.__file__) + os.sep)
 
 
+def _forked() -> None:
+    """In a fork child the core runs every call on attnx's pool (threads.c):
+    say so here too, so that _call_threads keeps the pool's rules."""
+    global OPENMP
+    OPENMP = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 #: Whether a tensor is a functorch transform's wrapper (vmap, grad, ...).
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
@@ -153,13 +164,19 @@ def _call_threads(query: torch.Tensor, key: torch.Tensor, layout: Layout,
 
     On torch's team (OPENMP), the spinning workers take the call at once, and
     every call takes the process's count (the core keeps calls under 2 MFLOP
-    on one thread itself). Measured on an Intel Xeon with AMX (2 vCPUs), right
+    on one thread itself), or torch's where that is fewer: a call never starts
+    more of libgomp's threads than torch's own ops would (with
+    ``torch.set_num_threads(1)``, as DataLoader workers do, none: their team
+    may be a parent's that did not survive the fork). Measured on an Intel Xeon with AMX (2 vCPUs), right
     after a torch Linear, one query per head, 9 query heads on 3 key/value
     heads, E 64: 1024 keys 115 us (float32; 171 on one thread, sdpa 136),
     4096 keys 234 us (393 on one thread, sdpa 474).
     ``flops_per_score``: per query element and key, 4 for the forward (two
     products), 10 for the backward (five)."""
-    if OPENMP is not None or torch.get_num_threads() <= 1:
+    if OPENMP is not None:
+        torch_threads = torch.get_num_threads()
+        return 0 if torch_threads >= _attnx.get_num_threads() else max(torch_threads, 1)
+    if torch.get_num_threads() <= 1:
         return 0
     Lk = key.shape[-3] if layout == "blhd" else key.shape[-2]
     flops = flops_per_score * query.numel() * Lk

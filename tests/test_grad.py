@@ -252,6 +252,28 @@ def test_gqa_dk_dv_bits_do_not_depend_on_threads(rng):
         assert np.array_equal(other.value, results[0].value)
 
 
+def test_run_sums_over_several_key_slices(isa, rng):
+    """Long keys and a wide head: the run sums' cap (1 MiB a thread) cuts an
+    item's keys into several slices without the AMX split (here 3 slices of
+    512 keys at E=256), each slice's dK/dV rows flushed from its own run sums
+    and dQ added slice by slice. Against the float64 reference with a random
+    upstream gradient, and dK/dV the same bits on 1, 2 and 3 threads."""
+    q, k, v = make_qkv(rng, B=(1,), Hq=8, Hk=1, Lq=200, Lk=1100, E=256)
+    check(rng, q, k, v, enable_gqa=True)
+    dout = randn(rng, q.shape)
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            attnx.set_num_threads(threads)
+            _, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, enable_gqa=True)
+            results.append(vjp(dout))
+    finally:
+        attnx.set_num_threads(0)
+    for other in results[1:]:
+        assert np.array_equal(other.key, results[0].key)
+        assert np.array_equal(other.value, results[0].value)
+
+
 def test_backward_leaves_inputs_alone(rng):
     q, k, v = make_qkv(rng, B=(1,), Hq=2, Lq=9, Lk=9, E=8)
     m = random_float_mask(rng, (9, 9))

@@ -61,6 +61,8 @@ def test_the_torch_function_takes_the_same_options() -> None:
 @pytest.mark.parametrize("call,where", [
     (lambda q: attnx.scaled_dot_product_attention(q, q, q, windw=(1, 1)),
      "scaled_dot_product_attention"),
+    (lambda q: attnx.scaled_dot_product_attention(q, q, q, windw=None),   # the plain call's path
+     "scaled_dot_product_attention"),
     (lambda q: attnx.scaled_dot_product_attention_vjp(q, q, q, windw=(1, 1)),
      "scaled_dot_product_attention_vjp"),
     (lambda q: attnx.MultiHeadAttention(4, 2)(q[0, 0], layout="blhd"),
@@ -76,7 +78,16 @@ def test_an_unknown_keyword_names_the_entry_point(call: Any, where: str) -> None
         call(q)
 
 
+def test_a_misspelled_keyword_is_refused_on_the_torch_fast_path_too() -> None:
+    torch = pytest.importorskip("torch")
+    import attnx.torch as at
+    t = torch.zeros((1, 2, 2, 4))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'key_padding_mask'"):
+        at.scaled_dot_product_attention(t, t, t, key_padding_mask=None)
+
+
 def test_explicit_defaults_keep_the_plain_call() -> None:
+    assert not plain({"windw": None})      # not an option: the checked path refuses it
     assert plain({}) and plain({"layout": "bhld", "window": None, "sinks": None})
     assert not plain({"layout": "blhd"}) and not plain({"softcap": 1.0})
     q = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)

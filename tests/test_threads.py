@@ -34,7 +34,6 @@ def _set_runner(team):
     team's library, or None."""
     from attnx import _attnx
     name = _attnx.use_openmp(team)
-    _attnx.on_team(team)   # this thread's NumPy calls too, as attnx.torch's are
     at = sys.modules.get("attnx.torch")
     if at is not None:
         at.OPENMP = name
@@ -47,6 +46,7 @@ def runner(request):
     importing attnx.torch chooses); the process's choice comes back after."""
     at = sys.modules.get("attnx.torch")
     before = None if at is None else at.OPENMP
+    from attnx import _attnx
     if request.param == "torch_team":
         pytest.importorskip("torch")
         import attnx.torch  # noqa: F401  (loads torch's libgomp)
@@ -54,7 +54,10 @@ def runner(request):
             pytest.skip("torch loads no OpenMP runtime here")
     else:
         _set_runner(False)
+    # this thread's NumPy calls on the team too, as attnx.torch's are
+    was = _attnx.on_team(request.param == "torch_team")
     yield request.param
+    _attnx.on_team(was)
     _set_runner(before is not None)
 
 
@@ -523,6 +526,51 @@ def test_fork_child_after_torch_op_imports_attnx_torch():
     forever (was: both calls hung)."""
     pytest.importorskip("torch")
     assert _fork_script(_CHILD_IMPORTS_ATTNX_TORCH) == ["exit", "0"]
+
+
+_LAZY_IMPORT_IN_WORKER = _FORK_WAIT + """
+import os, numpy as np, torch
+torch.set_num_threads(2)
+x = torch.randn(1024, 1024); x @ x            # torch's team runs; attnx not yet imported
+pid = os.fork()
+if pid == 0:
+    torch.set_num_threads(1)                  # as a DataLoader worker does
+    import attnx, attnx.torch as at           # imported lazily, in the child
+    q = np.random.default_rng(0).standard_normal((1, 4, 1024, 64), dtype=np.float32)
+    tq = torch.from_numpy(q)
+    out = at.scaled_dot_product_attention(tq, tq, tq).numpy()
+    np.testing.assert_allclose(out, attnx.reference(q, q, q), atol=1e-5, rtol=1e-5)
+    os._exit(0)
+wait(pid)
+"""
+
+
+@needs_fork_and_torch
+def test_worker_importing_attnx_lazily_after_fork():
+    """A DataLoader-like fork worker (torch.set_num_threads(1)) of a parent
+    that ran torch ops but never imported attnx: attnx.torch's calls there
+    take torch's thread count, so they never join the parent's dead libgomp
+    team (the child cannot know it is one: attnx's fork handlers were not
+    in the parent)."""
+    pytest.importorskip("torch")
+    assert _fork_script(_LAZY_IMPORT_IN_WORKER) == ["exit", "0"]
+
+
+def test_attnx_torch_knows_a_fork_child_is_on_the_pool():
+    """attnx.torch.OPENMP is None in a fork child (the core runs it on the
+    pool there), so its small-call rule applies again."""
+    pytest.importorskip("torch")
+    script = ("import os, attnx.torch as at\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    os._exit(0 if at.OPENMP is None else 3)\n"
+              "print(at.OPENMP is not None, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    team, child = res.stdout.split()
+    if team != "True":
+        pytest.skip("torch loads no OpenMP runtime here")
+    assert child == "0"
 
 
 @needs_fork_and_torch

@@ -431,7 +431,8 @@ static void bwd_item(void *arg, int tid, int64_t item)
         memset(at(&g->dk, b, hk, j), 0, sizeof(float) * (size_t)p->D);
         memset(at(&g->dv, b, hk, j), 0, sizeof(float) * (size_t)p->Dv);
     }
-    /* one slice without split_dp; at least one, which zeroes dQ (Lk = 0) */
+    /* slices of plan.kslice keys (the run sums' cap bounds it with and
+     * without split_dp); at least one, which zeroes dQ (Lk = 0) */
     int64_t c0 = kbeg;
     do {
         const int64_t c1 = min64(kstop, c0 + bj->plan.kslice);
