@@ -11,7 +11,7 @@
   as an ndarray, the float and integer checks, bfloat16); ``attnx._scalars``,
   scalar arguments (flags, integers, layout, dropout, is_causal, scale);
   ``attnx._variants``, the variant arguments (window, alignment, softcap,
-  ALiBi, sinks).
+  ALiBi, sinks, precision).
 
 Every error names the argument at fault and the shapes involved. Nothing here
 computes attention; everything is cheap NumPy bookkeeping on views.
@@ -32,17 +32,20 @@ from ._arrays import (ArrayInput, F32, SupportsDLPack, as_array, as_float, astyp
 from ._scalars import (CAUSAL, CAUSAL_ARG, Causal, Layout, causal_code, check_dropout, check_flag,
                        check_layout, default_scale, integer, nonnegative_int, positive_int,
                        real_number, scale_value)
-from ._variants import (NO_VARIANTS, WINDOW_MAX, Alignment, Variants, Window, align_code,
-                        check_alibi_range, per_head, softcap_value, variant_args, window_value)
+from ._variants import (NO_VARIANTS, PRECISION, WINDOW_MAX, Alignment, Precision, Variants, Window,
+                        align_code, check_alibi_range, per_head, precision_code, softcap_value,
+                        variant_args, window_value)
 
-__all__ = ["align_code", "Alignment", "ArrayInput", "as_array", "as_float", "astype_broadcast",
-           "attention_args", "AttentionArgs", "bfloat16_arrays", "bfloat16_view", "CAUSAL",
-           "Causal", "CAUSAL_ARG", "causal_code", "check_alibi_range", "check_dropout",
-           "check_flag", "check_float32_range", "check_layout", "check_range", "default_scale",
-           "F32", "float_array", "integer", "integer_array", "is_bfloat16", "is_float_dtype",
-           "Layout", "lse_like", "NO_VARIANTS", "nonnegative_int", "output_like", "per_head",
-           "positive_int", "real_number", "scale_value", "shape_str", "small_float_array",
-           "softcap_value", "SupportsDLPack", "torch_bfloat16", "unit_last_stride", "variant_args",
+__all__ = ["align_code", "Alignment", "ArrayInput", "as_array", "as_float",
+           "astype_broadcast", "attention_args", "AttentionArgs", "bfloat16_arrays",
+           "bfloat16_view", "CAUSAL", "Causal", "CAUSAL_ARG", "causal_code",
+           "check_alibi_range", "check_dropout", "check_flag", "check_float32_range",
+           "check_layout", "check_range", "default_scale", "F32", "float_array",
+           "integer", "integer_array", "is_bfloat16", "is_float_dtype", "Layout",
+           "lse_like", "NO_VARIANTS", "nonnegative_int", "output_like", "per_head",
+           "positive_int", "PRECISION", "Precision", "precision_code", "real_number",
+           "scale_value", "shape_str", "small_float_array", "softcap_value",
+           "SupportsDLPack", "torch_bfloat16", "unit_last_stride", "variant_args",
            "Variants", "Window", "WINDOW_MAX", "window_value"]
 
 
@@ -146,7 +149,8 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                    query_lengths: Optional[ArrayInput] = None, window: Window = None,
                    sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
                    alibi_slopes: Optional[ArrayInput] = None,
-                   alignment: Alignment = None) -> AttentionArgs:
+                   alignment: Alignment = None,
+                   precision: Precision = "highest") -> AttentionArgs:
     """The arguments every attention function shares (those of
     ``scaled_dot_product_attention`` but its outputs' flags), checked.
 
@@ -175,7 +179,7 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     if query_lengths is not None:
         ql = _lengths(query_lengths, "query_lengths", lead, Lq, B, Hq, heads_are_batch)
     variants = variant_args(window, sinks, softcap, alibi_slopes, alignment, causal,
-                            batch_shape + (Hq,), B, Hq, Lq, Lk)
+                            batch_shape + (Hq,), B, Hq, Lq, Lk, precision)
     return AttentionArgs(q, k, v, mask, kl, ql, causal, scale_f, batch_shape, str(layout),
                          given[0].ndim, variants)
 

@@ -22,7 +22,7 @@ def forward(
     scale: float,
     lse: NDArray[np.float32] | None = None,
     variant: tuple[bool, int, int, int, float, NDArray[np.float32] | None,
-                   NDArray[np.float32] | None] | None = None,
+                   NDArray[np.float32] | None, int] | None = None,
     threads: int = 0,
     q_bf16: bool = False,
     /,
@@ -35,8 +35,8 @@ def forward(
     C-contiguous (B, Hq, Lq, Lk); mask None or bool/float32 (B, Hq, Lq, Lk)
     with any strides (0 for broadcast axes); lengths None or int64 (B, Hq);
     causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or CAUSAL_LOWER_RIGHT; variant None or
-    (window_on, left, right, align, softcap, alibi_slopes, sinks), the arrays None
-    or float32 (B, Hq); q_bf16: q holds bfloat16 values (with bfloat16 k and v the
+    (window_on, left, right, align, softcap, alibi_slopes, sinks, precision), the
+    arrays None or float32 (B, Hq), precision PRECISION_HIGHEST or PRECISION_MEDIUM; q_bf16: q holds bfloat16 values (with bfloat16 k and v the
     core may then use bfloat16 dot products, see bf16_dots). Releases the GIL.
     """
 
@@ -95,7 +95,7 @@ def backward(
     causal: int,
     scale: float,
     variant: tuple[bool, int, int, int, float, NDArray[np.float32] | None,
-                   NDArray[np.float32] | None] | None = None,
+                   NDArray[np.float32] | None, int] | None = None,
     threads: int = 0,
     /,
 ) -> None:
@@ -121,3 +121,7 @@ ALIGN_UPPER_LEFT: int
 """The ``align`` code of a variant: the diagonal d(i) = i."""
 ALIGN_LOWER_RIGHT: int
 """The diagonal d(i) = i + Lk - Lq."""
+PRECISION_HIGHEST: int
+"""The ``precision`` code of a variant: every product exact to float32."""
+PRECISION_MEDIUM: int
+"""Products of bfloat16 roundings allowed (computed as HIGHEST by a kernel without them)."""

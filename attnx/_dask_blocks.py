@@ -42,7 +42,7 @@ def _block(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], mask: Optional[NDA
     causal, window = st["causal"], st["window"]
     D = q0 + st["off"] - k0
     kw: Dict[str, Any] = {"scale": st["scale"], "softcap": st["softcap"],
-                          "enable_gqa": st["enable_gqa"]}
+                          "precision": st["precision"], "enable_gqa": st["enable_gqa"]}
     if kl is not None:
         kl = np.clip(kl - k0, 0, lk)
     if ql is not None:

@@ -112,8 +112,8 @@ def _row_values(p: AttentionArgs, rows_shape: Tuple[int, ...]) -> _Rows:
             rows(p.variants.sinks), rows(p.variants.alibi))
 
 
-def _shared_args(p: AttentionArgs, softcap: Optional[float], group: int, heads_are_batch: bool,
-                 nd: int, Lq: int, Lk: int) -> Dict[str, Any]:
+def _shared_args(p: AttentionArgs, softcap: Optional[float], precision: str, group: int,
+                 heads_are_batch: bool, nd: int, Lq: int, Lk: int) -> Dict[str, Any]:
     """The scalar arguments every block task shares (``_block``'s ``st``);
     ``off``: the whole problem's diagonal is j = i + off."""
     va = p.variants
@@ -121,7 +121,7 @@ def _shared_args(p: AttentionArgs, softcap: Optional[float], group: int, heads_a
                       or (p.causal == _attnx.CAUSAL_NONE and va.align == _attnx.ALIGN_LOWER_RIGHT)) else 0
     causal = p.causal != _attnx.CAUSAL_NONE
     st: Dict[str, Any] = dict(
-        scale=p.scale, softcap=softcap, enable_gqa=group != 1, causal=causal, window=va.window,
+        scale=p.scale, softcap=softcap, precision=precision, enable_gqa=group != 1, causal=causal, window=va.window,
         off=off, heads_are_batch=heads_are_batch, lead1=not heads_are_batch and nd == 3)
     return st
 

@@ -17,8 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
-# (Alignment, Layout, Window: names in the signatures that takes() writes)
-from ._args import (CAUSAL, F32, Alignment, ArrayInput, AttentionArgs, Causal, Layout, Window,
+# (Alignment, Layout, Precision, Window: names in the signatures that takes() writes)
+from ._args import (CAUSAL, F32, Alignment, ArrayInput, AttentionArgs, Causal, Layout, Precision, Window,
                     attention_args, check_flag,
                     default_scale)
 from ._options import Options, check_names, names, plain, takes
@@ -205,6 +205,16 @@ def scaled_dot_product_attention(
         The diagonal d(i) of the window and ALiBi: by default that of
         ``is_causal`` ("lower_right" for is_causal="lower_right"), else
         upper-left; a value that contradicts ``is_causal`` raises ValueError.
+    precision : {"highest", "medium"}
+        How exact the products Q·Kᵀ and P·V must be. "highest" (the default):
+        each exact to float32, the results of every earlier attnx. "medium"
+        allows bfloat16 products with float32 accumulation, as torch's
+        bfloat16 SDPA and ``torch.set_float32_matmul_precision("medium")``:
+        inputs and P rounded to bfloat16 for the products, while the softmax,
+        its max and sums and lse stay float32. A permission, not a demand: a
+        CPU without bfloat16 dot products computes "medium" as "highest" (the
+        same bits), and in this version every CPU does (see the Accuracy
+        page). Other values raise ValueError.
     need_weights : bool
         Also return the attention weights, (B..., Hq, Lq, Lk), float32.
     return_lse : bool

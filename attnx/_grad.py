@@ -17,8 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
-# (Alignment, Layout, Window: names in the signatures that takes() writes)
-from ._args import (CAUSAL_ARG, F32, Alignment, ArrayInput, Causal, Layout, Window, as_array,
+# (Alignment, Layout, Precision, Window: names in the signatures that takes() writes)
+from ._args import (CAUSAL_ARG, F32, Alignment, ArrayInput, Causal, Layout, Precision, Window, as_array,
                     as_float, attention_args, check_flag, small_float_array,
                     check_layout, lse_like, output_like, shape_str)
 from ._functional import CALL_THREADS, OPTIONS, fold_calls, scaled_dot_product_attention

@@ -170,7 +170,7 @@ class KVCache:
         attention); query i of sequence b sees keys j <= lengths[b] - n + i.
         options: any keyword of :func:`attnx.scaled_dot_product_attention` but
         the masks and the layout (scale, window, sinks, softcap, alibi_slopes,
-        return_lse, need_weights). Returns what that function returns.
+        precision, return_lse, need_weights). Returns what that function returns.
 
         When the sequences' ``lengths`` differ (set through ``lengths``), each is
         computed over its own keys, with its own row of a per-sequence ``sinks``,

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Callable, Dict, Literal, Optional, Tuple, Unio
 import numpy as np
 from numpy.typing import NDArray
 
-# (Alignment, Window: names in the signatures that takes() writes)
-from ._args import F32, Alignment, ArrayInput, Causal, Window, as_float, check_flag, shape_str
+# (Alignment, Precision, Window: names in the signatures that takes() writes)
+from ._args import F32, Alignment, ArrayInput, Causal, Precision, Window, as_float, check_flag, shape_str
 from ._functional import scaled_dot_product_attention
 from ._grad import attention_vjp
 from ._mha_projections import Projections, input_grads
@@ -152,7 +152,7 @@ class MultiHeadAttention(Projections):
             attention output is zero, so their result is ``b_o``. For an
             encoder's padding mask (both tokens real) pass the same lengths as
             ``key_lengths`` and ``query_lengths``.
-        window, sinks, softcap, alibi_slopes, alignment : optional
+        window, sinks, softcap, alibi_slopes, alignment, precision : optional
             The attention variants, as in :func:`attnx.scaled_dot_product_attention`
             (sinks and slopes per head: (H,) or (B, H)).
         need_weights : bool

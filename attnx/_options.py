@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, TypedDict, TypeVar
 
-from ._args import Alignment, ArrayInput, Layout, Window
+from ._args import Alignment, ArrayInput, Layout, Precision, Window
 
 # The modules that take them import ``Unpack`` for type checkers only (``if
 # TYPE_CHECKING: from typing_extensions import Unpack``: type checkers ship
@@ -39,6 +39,7 @@ class Variants(TypedDict, total=False):
     softcap: Optional[float]
     alibi_slopes: Optional[ArrayInput]
     alignment: Alignment
+    precision: Precision
 
 
 class _Lengths(TypedDict, total=False):
@@ -63,7 +64,7 @@ class Options(_Layout, _Lengths, Variants, total=False):
 _OPTION_NAMES = frozenset(Options.__annotations__)
 
 #: The options' defaults where they are not None.
-DEFAULTS: Dict[str, object] = {"layout": "bhld"}
+DEFAULTS: Dict[str, object] = {"layout": "bhld", "precision": "highest"}
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

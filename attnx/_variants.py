@@ -1,4 +1,4 @@
-"""The variant arguments: window, alignment, softcap, ALiBi slopes and sinks.
+"""The variant arguments: window, alignment, softcap, ALiBi slopes, sinks and precision.
 
 :func:`variant_args` checks them all and returns them as :class:`Variants`
 (per-head arrays as (B, H) views); :data:`NO_VARIANTS` is plain attention.
@@ -21,16 +21,23 @@ from ._scalars import CAUSAL_ARG, integer, real_number
 
 Window = Optional[Tuple[Optional[int], Optional[int]]]
 Alignment = Optional[Literal["upper_left", "lower_right"]]
+Precision = Literal["highest", "medium"]
+
+#: ``precision`` -> the core's code (csrc/attnx.h's attnx_precision, exported by
+#: the extension); its keys are the choices, in the order the errors name them.
+PRECISION = {"highest": _attnx.PRECISION_HIGHEST, "medium": _attnx.PRECISION_MEDIUM}
 
 
 class Variants(NamedTuple):
-    """The checked variant arguments (window, alignment, softcap, ALiBi, sinks)."""
+    """The checked variant arguments (window, alignment, softcap, ALiBi, sinks,
+    precision)."""
 
     window: Optional[Tuple[int, int]] = None  # (left, right), -1 = unbounded side
     align: int = _attnx.ALIGN_UPPER_LEFT      # the diagonal without causal
     softcap: float = 0.0                      # 0: none
     alibi: Optional[NDArray[Any]] = None      # (B, Hq), B = prod(batch)
     sinks: Optional[NDArray[Any]] = None      # (B, Hq)
+    precision: int = _attnx.PRECISION_HIGHEST
 
     def core(self, alibi: Optional[NDArray[Any]], sinks: Optional[NDArray[Any]]) -> Optional[Tuple[Any, ...]]:
         """The core's ``variant`` argument for one call (with that call's
@@ -38,7 +45,8 @@ class Variants(NamedTuple):
         if self is NO_VARIANTS:
             return None
         left, right = self.window if self.window is not None else (-1, -1)
-        return (self.window is not None, left, right, self.align, self.softcap, alibi, sinks)
+        return (self.window is not None, left, right, self.align, self.softcap, alibi, sinks,
+                self.precision)
 
     def astype(self, dtype: type[np.floating[Any]]) -> Variants:
         if self.alibi is None and self.sinks is None:
@@ -139,12 +147,21 @@ def check_alibi_range(slopes: NDArray[Any], align: int, Lq: int, Lk: int) -> Non
             f"{_F32_MAX / 2:g}), where attnx computes them")
 
 
+def precision_code(precision: object) -> int:
+    """``precision`` ("highest" or "medium") as the core's code."""
+    if isinstance(precision, str) and precision in PRECISION:
+        return PRECISION[precision]
+    choices = " or ".join(f'"{c}"' for c in PRECISION)
+    raise ValueError(f"precision must be {choices}; got {reprlib.repr(precision)}")
+
+
 def variant_args(window: object, sinks: object, softcap: object, alibi_slopes: object,
                  alignment: object, causal: int, target: Tuple[int, ...], B: int, H: int,
-                 Lq: int, Lk: int) -> Variants:
+                 Lq: int, Lk: int, precision: object = "highest") -> Variants:
     """The variant arguments, checked; per-head arrays as (B, H) float arrays."""
+    prec = precision_code(precision)
     if window is None and sinks is None and softcap is None and alibi_slopes is None \
-            and alignment is None:
+            and alignment is None and prec == _attnx.PRECISION_HIGHEST:
         return NO_VARIANTS
     align = align_code(alignment, causal)
     alibi = None if alibi_slopes is None else per_head(alibi_slopes, "alibi_slopes", target, B, H)
@@ -152,5 +169,5 @@ def variant_args(window: object, sinks: object, softcap: object, alibi_slopes: o
         check_alibi_range(alibi, align, Lq, Lk)
     return Variants(
         window=window_value(window), align=align, softcap=softcap_value(softcap), alibi=alibi,
-        sinks=None if sinks is None else per_head(sinks, "sinks", target, B, H))
+        sinks=None if sinks is None else per_head(sinks, "sinks", target, B, H), precision=prec)
 

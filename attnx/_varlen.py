@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, List, Literal, Optional, Sequen
 import numpy as np
 from numpy.typing import NDArray
 
-# (Alignment, Window: names in the signature that takes() writes)
-from ._args import (F32, Alignment, ArrayInput, Causal, Window, as_array, attention_args,
+# (Alignment, Precision, Window: names in the signature that takes() writes)
+from ._args import (F32, Alignment, ArrayInput, Causal, Precision, Window, as_array, attention_args,
                     check_flag, float_array, integer_array, nonnegative_int, shape_str,
                     small_float_array)
 from ._functional import scaled_dot_product_attention

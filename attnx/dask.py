@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 
 import dask.array as da
 
-from ._args import Alignment, AttentionArgs, Causal, Layout, Window, attention_args
+from ._args import Alignment, AttentionArgs, Causal, Layout, Precision, Window, attention_args
 from ._dask_graph import BLOCK_PREFIX as BLOCK_PREFIX  # the block tasks' names: tests, notebook
 from ._dask_graph import (_assemble, _core_view, _graph, _rechunked, _row_values,
                           _shared_args)
@@ -75,7 +75,8 @@ def _checked(query: Any, key: Any, value: Any, attn_mask: Optional[Any], dropout
              is_causal: Causal, scale: Optional[float], enable_gqa: bool, layout: Layout,
              key_lengths: Optional[Any], query_lengths: Optional[Any], window: Window,
              sinks: Optional[Any], softcap: Optional[float], alibi_slopes: Optional[Any],
-             alignment: Alignment) -> Tuple[Any, Any, Any, Optional[Any], AttentionArgs]:
+             alignment: Alignment, precision: Precision,
+             ) -> Tuple[Any, Any, Any, Optional[Any], AttentionArgs]:
     """The arrays as dask arrays and every argument checked by attnx, on
     zero-stride stand-ins of the arrays (nothing read): ``(q, k, v, mask,
     args)``, the arrays as passed (layout and ndim unchanged). The small
@@ -88,7 +89,7 @@ def _checked(query: Any, key: Any, value: Any, attn_mask: Optional[Any], dropout
                        None if md is None else _meta(md), dropout_p, is_causal, scale, enable_gqa,
                        layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
                        window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
-                       alignment=alignment)
+                       alignment=alignment, precision=precision)
     return qd, kd, vd, md, p
 
 
@@ -98,7 +99,7 @@ def scaled_dot_product_attention(
         enable_gqa: bool = False, *, layout: Layout = "bhld", key_lengths: Optional[Any] = None,
         query_lengths: Optional[Any] = None, window: Window = None, sinks: Optional[Any] = None,
         softcap: Optional[float] = None, alibi_slopes: Optional[Any] = None,
-        alignment: Alignment = None) -> Any:
+        alignment: Alignment = None, precision: Precision = "highest") -> Any:
     """:func:`attnx.scaled_dot_product_attention` on dask arrays, as a lazy dask array.
 
     Same arguments and the same numbers (up to float32 rounding of the
@@ -118,7 +119,7 @@ def scaled_dot_product_attention(
     key_lengths, query_lengths, sinks, alibi_slopes : array_like, optional
         Small per-sequence / per-head values, read when this function is
         called (a dask array here is computed at once).
-    dropout_p, is_causal, scale, enable_gqa, layout, window, softcap, alignment
+    dropout_p, is_causal, scale, enable_gqa, layout, window, softcap, alignment, precision
         As for :func:`attnx.scaled_dot_product_attention`.
 
     Returns
@@ -183,13 +184,13 @@ def scaled_dot_product_attention(
     """
     qd, kd, vd, md, p = _checked(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                  enable_gqa, layout, key_lengths, query_lengths, window, sinks,
-                                 softcap, alibi_slopes, alignment)
+                                 softcap, alibi_slopes, alignment, precision)
     ndim_in = qd.ndim
     heads_are_batch = ndim_in == 3 and layout == "bhld"
     s = _rechunked(*_core_view(qd, kd, vd, layout), md, p.scores_shape)
     Lq, Lk = s.q.shape[-2], s.k.shape[-2]
     rows = _row_values(p, s.q.shape[:-2])                  # each (batch..., Hq) or None
-    st = _shared_args(p, softcap, s.group, heads_are_batch, s.q.ndim, Lq, Lk)
+    st = _shared_args(p, softcap, precision, s.group, heads_are_batch, s.q.ndim, Lq, Lk)
     # sinks go to attnx with the block when a query block is one task and its lse is
     # attnx's own; otherwise they join the merged rows in _finish
     late_sinks = len(s.k.chunks[-2]) > 1 or rows[3] is not None

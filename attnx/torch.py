@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional, Tuple, Union
 import numpy as np
 import torch
 
-# (Alignment, ArrayInput, Window: names in the signature that takes() writes)
-from ._args import (Alignment, ArrayInput, Causal, Layout, Window, bfloat16_arrays, check_flag,
+# (Alignment, ArrayInput, Precision, Window: names in the signature that takes() writes)
+from ._args import (Alignment, ArrayInput, Causal, Layout, Precision, Window, bfloat16_arrays, check_flag,
                     torch_bfloat16)
 from ._functional import CALL_THREADS, OPTIONS, plain_forward
 from ._functional import scaled_dot_product_attention as _sdpa
@@ -331,7 +331,7 @@ def scaled_dot_product_attention(
     ``is_causal``: True, "upper_left" or "lower_right"; ``layout="blhd"``
     takes (B, L, H, E); ``key_lengths``/``query_lengths``: padding without a
     mask; ``window``, ``softcap``, ``alibi_slopes``, ``alignment``: the
-    attention variants). Gradients flow to query, key, value, a float
+    attention variants; ``precision``: "highest" or "medium"). Gradients flow to query, key, value, a float
     ``attn_mask`` (summed over its broadcast axes) and ``sinks`` (a tensor of
     sink logits, (Hq,) or broadcastable to (B..., Hq)); ``dropout_p`` must be 0.
 

@@ -114,6 +114,17 @@ typedef enum { ATTNX_HALF_F16 = 0, ATTNX_HALF_BF16 } attnx_half_format;
  * ATTNX_CAUSAL_NONE (with a causal mode, the mode's alignment is used). */
 typedef enum { ATTNX_ALIGN_UPPER_LEFT = 0, ATTNX_ALIGN_LOWER_RIGHT } attnx_align;
 
+/* How exact the products Q·Kᵀ and P·V must be (the caller's choice; the
+ * softmax, its max and sums, lse and every accumulation are float32 always):
+ *   ATTNX_PRECISION_HIGHEST  each product exact to float32 (the default)
+ *   ATTNX_PRECISION_MEDIUM   products of bfloat16 roundings of the inputs
+ *                            and of P allowed, as torch's bfloat16 SDPA and
+ *                            torch.set_float32_matmul_precision("medium")
+ * MEDIUM is a permission, not a demand: a kernel without bfloat16 dot
+ * products computes it as HIGHEST. In this version every kernel does: the
+ * bfloat16 kernels that use it (AMX, AVX512_BF16) are to come. */
+typedef enum { ATTNX_PRECISION_HIGHEST = 0, ATTNX_PRECISION_MEDIUM } attnx_precision;
+
 /* The scores, in this order (zero-initialised members are plain attention):
  *   s = scale · q·k
  *   softcap > 0:  s = softcap · tanh(s / softcap)
@@ -158,6 +169,7 @@ typedef struct {
      * Checked, not trusted: a block of queries holding another value takes
      * the float32 path. */
     int q_bf16;
+    int precision; /* attnx_precision */
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only

@@ -96,13 +96,13 @@ def test_explicit_defaults_keep_the_plain_call() -> None:
 
 
 def test_a_new_option_reaches_a_signature_from_its_declaration() -> None:
-    """What adding an option (``precision=``) to the declaration does."""
+    """What adding an option (a made-up ``seed=``) to the declaration does."""
     class More(Variants, total=False):
-        precision: Optional[str]
+        seed: Optional[str]
 
     @takes(More, before="flag")
     def f(x: int, *, flag: bool = False, **options: Any) -> None: ...
 
     params = inspect.signature(f).parameters
-    assert list(params) == ["x", *Variants.__annotations__, "precision", "flag"]
-    assert params["precision"].default is None and params["precision"].annotation == "Optional[str]"
+    assert list(params) == ["x", *Variants.__annotations__, "seed", "flag"]
+    assert params["seed"].default is None and params["seed"].annotation == "Optional[str]"

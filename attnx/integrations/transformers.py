@@ -17,16 +17,20 @@ additive float, 4-D), causal decoders with a KV cache (``generate()``), GQA,
 (in the mask transformers builds, and as ``window=`` to skip the key tiles
 outside it), ``position_bias`` (T5-style, added to the scores),
 ``output_attentions=True`` (the weights, computed by attnx). Dropout must be 0
-while training (attnx has no dropout).
+while training (attnx has no dropout). ``register(precision="medium")`` lets
+every attention call of the models use bfloat16 products (see
+:func:`attnx.scaled_dot_product_attention`'s ``precision``).
 transformers and torch are imported only here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, cast
+import functools
+from typing import Any, Callable, Optional, Tuple, cast
 
 import torch
 
+from .._args import Precision, precision_code
 from ..torch import scaled_dot_product_attention as _attention
 
 __all__ = ["register", "attention_forward", "NAME"]
@@ -53,6 +57,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       is_causal: Optional[bool] = None, softcap: Optional[float] = None,
                       s_aux: Optional[torch.Tensor] = None,
                       position_bias: Optional[torch.Tensor] = None,
+                      precision: Precision = "highest",
                       **kwargs: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """transformers' attention function signature, computed by attnx.
 
@@ -63,6 +68,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     (B, Hq, Lq, Lk) when the model asks for them (``output_attentions=True``),
     else None. ``sliding_window`` (an int, as models pass it) also goes to the
     core as ``window=(sliding_window - 1, 0)`` for a prompt without a past.
+    ``precision``: as in :func:`attnx.scaled_dot_product_attention` (set by
+    :func:`register`).
     """
     if dropout and module.training:
         raise ValueError(f"attnx has no attention dropout: the model's attention dropout is "
@@ -94,7 +101,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     res = _attention(query, key, value, attn_mask=attention_mask, is_causal=causal,
                      scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
                      softcap=softcap if softcap else None, sinks=s_aux, window=window,
-                     need_weights=need_weights)
+                     need_weights=need_weights, precision=precision)
     if not need_weights:
         return cast(torch.Tensor, res).transpose(1, 2).contiguous(), None
     out, weights = res
@@ -103,15 +110,23 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out.transpose(1, 2).contiguous(), weights
 
 
-def register(name: str = NAME) -> str:
+def register(name: str = NAME, *, precision: Precision = "highest") -> str:
     """Register attnx with transformers under ``name`` (default "attnx").
 
     After this, ``attn_implementation="attnx"`` works in ``from_pretrained``,
     ``from_config`` and ``model.set_attn_implementation``. Returns the name.
-    Calling it again is harmless.
+    ``precision`` ("highest" or "medium"): what every attention call of the
+    models registered under ``name`` passes on (see
+    :func:`attnx.scaled_dot_product_attention`); checked here. Calling it
+    again is harmless; the last call's precision holds.
     """
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
-    AttentionInterface.register(name, attention_forward)
+    precision_code(precision)
+    forward: Callable[..., Tuple[torch.Tensor, Optional[torch.Tensor]]] = attention_forward
+    if precision != "highest":
+        forward = functools.wraps(attention_forward)(
+            functools.partial(attention_forward, precision=precision))
+    AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name

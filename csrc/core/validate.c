@@ -39,6 +39,8 @@ static attnx_status check_options(const attnx_problem *p, const char **field)
         return refuse(field, "softcap", ATTNX_ERR_ARG);
     if (p->half_format != ATTNX_HALF_F16 && p->half_format != ATTNX_HALF_BF16)
         return refuse(field, "half_format", ATTNX_ERR_ARG);
+    if (p->precision < ATTNX_PRECISION_HIGHEST || p->precision > ATTNX_PRECISION_MEDIUM)
+        return refuse(field, "precision", ATTNX_ERR_ARG);
     return ATTNX_OK;
 }
 

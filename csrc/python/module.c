@@ -272,19 +272,20 @@ static int fill_head_values(attnx_head_values *hv, PyObject *obj, const char *na
 }
 
 /* The variants of the scores: None, or the tuple
- * (window_on, left, right, align, softcap, alibi_slopes, sinks). */
+ * (window_on, left, right, align, softcap, alibi_slopes, sinks, precision). */
 static int fill_variant(attnx_problem *p, PyObject *variant)
 {
     if (variant == Py_None) return 1;
     long long left, right;
-    int on, align;
+    int on, align, precision;
     double softcap;
     PyObject *alibi, *sinks;
-    if (!PyArg_ParseTuple(variant, "iLLidOO:variant", &on, &left, &right, &align, &softcap, &alibi,
-                          &sinks))
+    if (!PyArg_ParseTuple(variant, "iLLidOOi:variant", &on, &left, &right, &align, &softcap, &alibi,
+                          &sinks, &precision))
         return 0;
     p->window = (attnx_window){.on = on, .left = left, .right = right};
     p->align = align;
+    p->precision = precision;
     p->softcap = (float)softcap;
     return fill_head_values(&p->alibi, alibi, "alibi_slopes", p->B, p->Hq) &&
            fill_head_values(&p->sinks, sinks, "sinks", p->B, p->Hq);
@@ -328,6 +329,11 @@ static PyObject *raise_refusal(attnx_status st, const char *field, const attnx_p
                             p->causal);
     if (strcmp(field, "scale") == 0)
         return PyErr_Format(PyExc_ValueError, "scale must be finite in float32, got %R", scale_obj);
+    if (strcmp(field, "precision") == 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "precision must be PRECISION_HIGHEST or PRECISION_MEDIUM (%d, %d), "
+                            "not %d",
+                            ATTNX_PRECISION_HIGHEST, ATTNX_PRECISION_MEDIUM, p->precision);
     if (strcmp(field, "softcap") == 0)
         return PyErr_Format(PyExc_ValueError,
                             "softcap must be finite and > 0 in float32, with a finite "
@@ -364,8 +370,9 @@ PyDoc_STRVAR(forward_doc,
              "C-contiguous, mask None or bool/float32 (B,Hq,Lq,Lk) with any strides,\n"
              "lengths None or int64 (B,Hq); causal CAUSAL_NONE, CAUSAL_UPPER_LEFT or\n"
              "CAUSAL_LOWER_RIGHT; lse None or (B,Hq,Lq,1) writeable; variant None or\n"
-             "(window_on, left, right, align, softcap, alibi_slopes, sinks), the last two\n"
-             "None or float32 (B,Hq); threads > 0: this call's thread count (else the\n"
+             "(window_on, left, right, align, softcap, alibi_slopes, sinks, precision),\n"
+             "alibi_slopes and sinks None or float32 (B,Hq), precision PRECISION_HIGHEST or\n"
+             "PRECISION_MEDIUM; threads > 0: this call's thread count (else the\n"
              "process's, set_num_threads); q_bf16: q holds bfloat16 values (the core's\n"
              "attnx_problem.q_bf16: it may then use bfloat16 dot products, bf16_dots()).\n"
              "Use attnx.scaled_dot_product_attention instead.");
@@ -718,7 +725,9 @@ static int add_constants(PyObject *m)
                    PyModule_AddIntConstant(m, "CAUSAL_UPPER_LEFT", ATTNX_CAUSAL_UPPER_LEFT) < 0 ||
                    PyModule_AddIntConstant(m, "CAUSAL_LOWER_RIGHT", ATTNX_CAUSAL_LOWER_RIGHT) < 0 ||
                    PyModule_AddIntConstant(m, "ALIGN_UPPER_LEFT", ATTNX_ALIGN_UPPER_LEFT) < 0 ||
-                   PyModule_AddIntConstant(m, "ALIGN_LOWER_RIGHT", ATTNX_ALIGN_LOWER_RIGHT) < 0
+                   PyModule_AddIntConstant(m, "ALIGN_LOWER_RIGHT", ATTNX_ALIGN_LOWER_RIGHT) < 0 ||
+                   PyModule_AddIntConstant(m, "PRECISION_HIGHEST", ATTNX_PRECISION_HIGHEST) < 0 ||
+                   PyModule_AddIntConstant(m, "PRECISION_MEDIUM", ATTNX_PRECISION_MEDIUM) < 0
                ? -1
                : 0;
 }

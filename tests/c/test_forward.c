@@ -230,6 +230,9 @@ static void run_case(int t)
             (attnx_window){.on = 1, .left = irand(p.Lk + 2) - 1, .right = irand(p.Lk + 2) - 1};
     p.align = (int)irand(2);
     if (irand(4) == 0) p.softcap = 0.5f + 3.0f * (float)urand();
+    /* MEDIUM: every kernel here computes it as HIGHEST (attnx.h), to the same
+     * tolerance against double */
+    p.precision = (int)irand(2);
     if (irand(4) == 0) { /* powers of two: slope · distance exact in float, as in double */
         slopes = malloc(sizeof(float) * (size_t)(p.B * p.Hq));
         for (int64_t x = 0; x < p.B * p.Hq; x++) slopes[x] = ldexpf(1.0f, -3 - (int)irand(6));
@@ -350,6 +353,13 @@ static void check_errors(void)
     p.causal = 3;
     ok &= refuses(&p, ATTNX_ERR_ARG, "causal");
     p.causal = ATTNX_CAUSAL_NONE;
+    p.precision = 2;
+    ok &= refuses(&p, ATTNX_ERR_ARG, "precision");
+    p.precision = -1;
+    ok &= refuses(&p, ATTNX_ERR_ARG, "precision");
+    p.precision = ATTNX_PRECISION_MEDIUM;
+    ok &= refuses(&p, ATTNX_OK, NULL);
+    p.precision = ATTNX_PRECISION_HIGHEST;
     p.mask.kind = -1;
     ok &= refuses(&p, ATTNX_ERR_ARG, "mask.kind");
     p.mask.kind = ATTNX_MASK_BOOL;

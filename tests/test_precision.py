@@ -1,0 +1,327 @@
+"""``precision=``: "highest" (the default, every product exact to float32) and
+"medium" (bfloat16 products allowed, as torch's bfloat16 SDPA).
+
+* Every entry point takes it, and refuses any other value with a ValueError
+  naming ``precision`` and its choices (the C core too, for a bad code).
+* Accuracy on every path (each ISA of the ``isa`` fixture, several threads, the
+  bfloat16 dot products ATTNX_BF16_DOTS can ask for, after a oneDNN bfloat16
+  matmul on the same thread): against float64, "medium"'s error is at most that
+  of torch's bfloat16 SDPA on the same inputs, outputs and gradients (random
+  upstream gradients), and "highest" meets the float32 bar.
+* Where the kernels have no bfloat16 dot products, "medium" is "highest": the
+  same bits.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import attnx  # noqa: E402
+import attnx.torch  # noqa: E402
+from attnx import _attnx  # noqa: E402
+from conftest import assert_close, check_vjp  # noqa: E402
+
+CHOICES_WORDS = ('precision must be "highest" or "medium"', "'high'")
+
+
+def _qkv(rng, B=1, Hq=4, Hk=2, Lq=48, Lk=80, D=32, scale=1.0):
+    q = (scale * rng.standard_normal((B, Hq, Lq, D))).astype(np.float32)
+    k = (scale * rng.standard_normal((B, Hk, Lk, D))).astype(np.float32)
+    v = rng.standard_normal((B, Hk, Lk, D)).astype(np.float32)
+    return q, k, v
+
+
+def _torch_bf16_errors(q, k, v, dout, **kw):
+    """Max errors of torch's bfloat16 SDPA (inputs rounded to bfloat16, as
+    torch users pass them) against float64 on the float32 inputs: output,
+    then the gradients of q, k, v for the upstream gradient dout."""
+    ts = [torch.from_numpy(a).bfloat16().requires_grad_() for a in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*ts, enable_gqa=True, **kw)
+    out.backward(torch.from_numpy(dout).bfloat16())
+    ref = attnx.reference(q, k, v, enable_gqa=True, **kw)
+    grads = attnx.reference_backward(dout, q, k, v, enable_gqa=True, **kw)
+    errs = [np.abs(out.detach().float().numpy() - ref).max()]
+    errs += [np.abs(t.grad.float().numpy() - g).max() for t, g in zip(ts, grads[:3])]
+    return errs, ref, grads
+
+
+def _attnx_errors(q, k, v, dout, ref, grads, precision, **kw):
+    out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, enable_gqa=True,
+                                                      precision=precision, **kw)
+    g = vjp(dout)
+    errs = [np.abs(out - ref).max()]
+    errs += [np.abs(a - b).max() for a, b in zip((g.query, g.key, g.value), grads[:3])]
+    return errs, out, g
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_medium_is_no_less_accurate_than_torch_bfloat16(isa, rng, is_causal, threads):
+    q, k, v = _qkv(rng, Lk=48 if is_causal else 80)
+    dout = rng.standard_normal((1, 4, 48, 32)).astype(np.float32)
+    torch_errs, ref, grads = _torch_bf16_errors(q, k, v, dout, is_causal=is_causal)
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(threads)
+    try:
+        medium, out_m, g_m = _attnx_errors(q, k, v, dout, ref, grads, "medium", is_causal=is_causal)
+        highest, out_h, g_h = _attnx_errors(q, k, v, dout, ref, grads, "highest",
+                                            is_causal=is_causal)
+    finally:
+        attnx.set_num_threads(previous)
+    for name, m, t in zip(("out", "dq", "dk", "dv"), medium, torch_errs):
+        assert m <= t, f"{name}: medium's error {m:.3g} > torch bfloat16's {t:.3g}"
+    check_vjp(rng, q, k, v, is_causal=is_causal, enable_gqa=True, precision="highest")
+    if _attnx.bf16_dots() is None:     # no bfloat16 products here: the same bits
+        assert np.array_equal(out_m, out_h)
+        for a, b in zip(g_m, g_h):
+            assert (a is None and b is None) or np.array_equal(a, b)
+
+
+def test_medium_on_bfloat16_inputs_through_attnx_torch(isa, rng):
+    """bfloat16 tensors, forward and backward through attnx.torch: "medium"'s
+    errors are at most torch's bfloat16 SDPA's, against float64 on the same
+    bfloat16 values."""
+    q, k, v = (torch.from_numpy(a).bfloat16() for a in _qkv(rng))
+    dout = torch.from_numpy(rng.standard_normal((1, 4, 48, 32)).astype(np.float32)).bfloat16()
+    q64, k64, v64, d64 = (t.float().numpy() for t in (q, k, v, dout))
+    ref = attnx.reference(q64, k64, v64, is_causal=True, enable_gqa=True)
+    grads = attnx.reference_backward(d64, q64, k64, v64, is_causal=True, enable_gqa=True)
+
+    def errors(f, **kw):
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = f(*ts, is_causal=True, enable_gqa=True, **kw)
+        out.backward(dout)
+        return [np.abs(out.detach().float().numpy() - ref).max()] + [
+            np.abs(t.grad.float().numpy() - g).max() for t, g in zip(ts, grads[:3])]
+
+    torch_errs = errors(torch.nn.functional.scaled_dot_product_attention)
+    for precision in ("medium", "highest"):
+        mine = errors(attnx.torch.scaled_dot_product_attention, precision=precision)
+        for name, m, t in zip(("out", "dq", "dk", "dv"), mine, torch_errs):
+            assert m <= t, f"{precision} {name}: {m:.3g} > torch bfloat16's {t:.3g}"
+
+
+def test_after_a_onednn_bfloat16_matmul_on_the_same_thread(isa, rng):
+    """oneDNN's bfloat16 matmul (AMX tiles where the CPU has them) leaves its
+    tile configuration on the thread; attnx's calls after it are still right."""
+    a = torch.randn(256, 256).bfloat16()
+    (a @ a).sum().item()
+    q, k, v = _qkv(rng)
+    dout = rng.standard_normal((1, 4, 48, 32)).astype(np.float32)
+    torch_errs, ref, grads = _torch_bf16_errors(q, k, v, dout)
+    (a @ a).sum().item()
+    medium, _, _ = _attnx_errors(q, k, v, dout, ref, grads, "medium")
+    assert all(m <= t for m, t in zip(medium, torch_errs)), (medium, torch_errs)
+    (a @ a).sum().item()
+    assert_close(attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True), ref)
+
+
+_CHILD = r"""
+import numpy as np, attnx, sys
+sys.path.insert(0, "tests")
+from test_precision import _qkv, _torch_bf16_errors, _attnx_errors
+rng = np.random.default_rng(7)
+for is_causal in (False, True):
+    q, k, v = _qkv(rng, Lq=96, Lk=96, D=64)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    t, ref, grads = _torch_bf16_errors(q, k, v, dout, is_causal=is_causal)
+    m, _, _ = _attnx_errors(q, k, v, dout, ref, grads, "medium", is_causal=is_causal)
+    assert all(a <= b for a, b in zip(m, t)), (attnx._attnx.bf16_dots(), m, t)
+print(attnx._attnx.bf16_dots())
+"""
+
+
+@pytest.mark.parametrize("dots", ["amx", "avx512_bf16", "none"])
+def test_medium_with_each_bfloat16_dot_product(dots):
+    """Each of the bfloat16 dot products ATTNX_BF16_DOTS can ask for (a CPU
+    without it falls back to the best it has: the check holds there too)."""
+    env = dict(os.environ, ATTNX_BF16_DOTS=dots)
+    r = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr
+
+
+def test_every_entry_point_takes_precision(rng):
+    """Every entry point passes precision on; on the kernels here both give the
+    float32 bar (and the bits of "highest" where there are no bfloat16 dots)."""
+    dask = pytest.importorskip("attnx.dask")
+    q, k, v = _qkv(rng, Hk=4)
+    ref = attnx.reference(q, k, v, is_causal=True)
+    calls = {
+        "sdpa": lambda p: attnx.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             precision=p),
+        "vjp": lambda p: attnx.scaled_dot_product_attention_vjp(q, k, v, is_causal=True,
+                                                                precision=p)[0],
+        "varlen": lambda p: attnx.varlen_attention(
+            q[0].transpose(1, 0, 2), k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2),
+            [0, 48], [0, 80], is_causal=True, precision=p).transpose(1, 0, 2)[None],
+        "varlen_vjp": lambda p: attnx.varlen_attention_vjp(
+            q[0].transpose(1, 0, 2), k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2),
+            [0, 48], [0, 80], is_causal=True, precision=p)[0].transpose(1, 0, 2)[None],
+        "torch": lambda p: attnx.torch.scaled_dot_product_attention(
+            *(torch.from_numpy(a) for a in (q, k, v)), is_causal=True, precision=p).numpy(),
+        "dask": lambda p: dask.scaled_dot_product_attention(
+            q, k, v, is_causal=True, precision=p).compute(),
+        "reference": lambda p: attnx.reference(q, k, v, is_causal=True, precision=p),
+    }
+    for name, call in calls.items():
+        highest, medium = call("highest"), call("medium")
+        if name == "reference":
+            assert np.array_equal(highest, ref) and np.array_equal(medium, ref)
+            continue
+        atol = 2e-6 if name == "dask" else None
+        for out in (highest, medium):
+            if atol is None:
+                assert_close(out, ref)
+            else:
+                np.testing.assert_allclose(out, ref, atol=atol)
+        if _attnx.bf16_dots() is None:
+            assert np.array_equal(highest, medium), name
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    out, lse = attnx.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    g = [attnx.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, is_causal=True,
+                                                     precision=p) for p in ("highest", "medium")]
+    want = attnx.reference_backward(dout, q, k, v, is_causal=True)
+    for gi in g:
+        for a, b in zip(gi[:3], want[:3]):
+            np.testing.assert_allclose(a, b, atol=1.25e-5, rtol=5.25e-6)
+
+
+def test_kvcache_and_multihead_attention_take_precision(rng):
+    cache = attnx.KVCache(1, 2, 32, 16)
+    k, v = (rng.standard_normal((1, 2, 20, 16)).astype(np.float32) for _ in range(2))
+    cache.append(k, v)
+    q = rng.standard_normal((1, 4, 3, 16)).astype(np.float32)
+    a = cache.attend(q, precision="highest")
+    b = cache.attend(q, precision="medium")
+    assert_close(b, attnx.reference(q, k, v, is_causal="lower_right", enable_gqa=True))
+    if _attnx.bf16_dots() is None:
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="precision must be"):
+        cache.attend(q, precision="high")
+    mha = attnx.MultiHeadAttention(16, 2, seed=0)
+    x = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    y, z = mha(x, x, x, precision="medium"), mha(x, x, x)
+    np.testing.assert_allclose(y, z, atol=1e-5)
+    if _attnx.bf16_dots() is None:
+        assert np.array_equal(y, z)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    (y2, vjp_m), (z2, vjp_h) = (mha.vjp(x, x, x, precision=p) for p in ("medium", "highest"))
+    gm, gh = vjp_m(dy), vjp_h(dy)
+    if _attnx.bf16_dots() is None:
+        assert np.array_equal(y2, z2) and gm.keys() == gh.keys()
+        assert all(np.array_equal(gm[n], gh[n]) for n in gm)
+    with pytest.raises(ValueError, match="precision must be"):
+        mha(x, x, x, precision="fast")
+
+
+@pytest.mark.parametrize("bad", ["high", "HIGHEST", "", None, 1, "bf16"])
+def test_a_bad_precision_is_refused_by_name(rng, bad):
+    q, k, v = _qkv(rng, Lq=4, Lk=4, D=8)
+    calls = [
+        lambda: attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, precision=bad),
+        lambda: attnx.scaled_dot_product_attention_vjp(q, k, v, enable_gqa=True, precision=bad),
+        lambda: attnx.reference(q, k, v, enable_gqa=True, precision=bad),
+        lambda: attnx.torch.scaled_dot_product_attention(
+            *(torch.from_numpy(a) for a in (q, k, v)), enable_gqa=True, precision=bad),
+        lambda: attnx.varlen_attention(q[0].transpose(1, 0, 2), k[0].transpose(1, 0, 2),
+                                       v[0].transpose(1, 0, 2), [0, 4], [0, 4],
+                                       enable_gqa=True, precision=bad),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError) as e:
+            call()
+        msg = str(e.value)
+        assert msg.startswith('precision must be "highest" or "medium"; got '), msg
+
+
+def test_transformers_register_checks_and_passes_precision():
+    tr = pytest.importorskip("attnx.integrations.transformers")
+    with pytest.raises(ValueError, match='precision must be "highest" or "medium"'):
+        tr.register("attnx-bad", precision="fp8")
+    from transformers import AttentionInterface
+    name = tr.register("attnx-medium", precision="medium")
+    f = AttentionInterface()[name]
+    assert f.keywords == {"precision": "medium"} and f.__name__ == "attention_forward"
+    assert AttentionInterface()[tr.register("attnx-highest")] is tr.attention_forward
+
+
+def test_the_core_refuses_a_bad_code(rng):
+    q = np.zeros((1, 1, 2, 4), np.float32)
+    out = np.empty_like(q)
+    variant = (False, -1, -1, _attnx.ALIGN_UPPER_LEFT, 0.0, None, None, 7)
+    with pytest.raises(ValueError, match="precision must be PRECISION_HIGHEST or "
+                                         "PRECISION_MEDIUM .*not 7"):
+        _attnx.forward(q, q, q, out, None, None, None, None, _attnx.CAUSAL_NONE, 1.0, None,
+                       variant)
+
+
+@pytest.fixture
+def core_precisions(monkeypatch):
+    """The precision code of every call the C core gets (forward and backward),
+    through a spy on the extension's two entry points."""
+    seen = []
+
+    def spy(name, variant_at):
+        real = getattr(_attnx, name)
+
+        def call(*args):
+            variant = args[variant_at] if len(args) > variant_at else None
+            seen.append(_attnx.PRECISION_HIGHEST if variant is None else variant[7])
+            return real(*args)
+        monkeypatch.setattr(_attnx, name, call)
+    spy("forward", 11)
+    spy("backward", 15)
+    return seen
+
+
+def test_the_core_gets_the_precision_of_every_entry_point(rng, core_precisions):
+    """What the entry points pass to the C core: the code of the precision
+    asked for, in every forward and backward call they make."""
+    dask = pytest.importorskip("attnx.dask")
+    tr = pytest.importorskip("attnx.integrations.transformers")
+    q, k, v = _qkv(rng, Hk=4)
+    t = [torch.from_numpy(a) for a in (q, k, v)]
+    pk = [a[0].transpose(1, 0, 2) for a in (q, k, v)]
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    cache = attnx.KVCache(1, 4, 80, 32)
+    cache.append(k, v)
+    mha = attnx.MultiHeadAttention(32, 4, seed=0)
+    x = rng.standard_normal((1, 6, 32)).astype(np.float32)
+    module = torch.nn.Module()
+
+    def torch_autograd(p):
+        ts = [a.clone().requires_grad_() for a in t]
+        attnx.torch.scaled_dot_product_attention(*ts, is_causal=True, precision=p).sum().backward()
+
+    calls = {
+        "sdpa": lambda p: attnx.scaled_dot_product_attention(q, k, v, precision=p),
+        "vjp": lambda p: attnx.scaled_dot_product_attention_vjp(q, k, v, precision=p)[1](dout),
+        "backward": lambda p: attnx.scaled_dot_product_attention_backward(
+            dout, q, k, v, *attnx.scaled_dot_product_attention(q, k, v, return_lse=True,
+                                                               precision=p), precision=p),
+        "varlen": lambda p: attnx.varlen_attention(*pk, [0, 48], [0, 80], precision=p),
+        "varlen_vjp": lambda p: attnx.varlen_attention_vjp(*pk, [0, 48], [0, 80],
+                                                           precision=p)[1](dout[0].transpose(1, 0, 2)),
+        "kvcache": lambda p: cache.attend(q, precision=p),
+        "mha": lambda p: mha(x, x, x, precision=p),
+        "mha_vjp": lambda p: mha.vjp(x, x, x, precision=p)[1](np.ones((1, 6, 32), np.float32)),
+        "torch": lambda p: attnx.torch.scaled_dot_product_attention(*t, precision=p),
+        "torch_autograd": torch_autograd,
+        "dask": lambda p: dask.scaled_dot_product_attention(q, k, v, precision=p).compute(
+            scheduler="synchronous"),
+        "transformers": lambda p: tr.attention_forward(module, *t, None, precision=p),
+    }
+    for name, call in calls.items():
+        for p in ("medium", "highest"):
+            core_precisions.clear()
+            call(p)
+            assert core_precisions, name
+            assert set(core_precisions) == {attnx._args.PRECISION[p]}, (name, p, core_precisions)
