@@ -40,6 +40,35 @@ def forward(
     core may then use bfloat16 dot products, see bf16_dots). Releases the GIL.
     """
 
+def forward_varlen(
+    q: NDArray[np.float32],
+    k: NDArray[Any],
+    v: NDArray[Any],
+    out: NDArray[np.float32],
+    lse: NDArray[np.float32] | None,
+    cu_q: NDArray[np.int64],
+    cu_k: NDArray[np.int64],
+    table: NDArray[np.int32] | None,
+    causal: int,
+    scale: float,
+    variant: tuple[bool, int, int, int, float, NDArray[np.float32] | None,
+                   NDArray[np.float32] | None, int] | None = None,
+    threads: int = 0,
+    q_bf16: bool = False,
+    /,
+) -> None:
+    """Private: attention over N packed sequences, each one problem of the core.
+
+    Sequence i's queries are rows cu_q[i] .. cu_q[i+1] of q (1, Hq, Tq, E), out
+    (1, Hq, Tq, Ev) and lse None or (1, Hq, Tq, 1); its keys: rows cu_k[i] ..
+    cu_k[i+1] of k (1, Hk, Tk, E) and v (1, Hk, Tk, Ev) when table is None,
+    else the first cu_k[i+1] - cu_k[i] rows of its pages table[i] (int32
+    (N, M), C-contiguous) of the pools k (P, Hk, S, E) and v (P, Hk, S, Ev).
+    k and v float32, float16 or uint16 (bfloat16 bits). variant as forward's,
+    alibi_slopes and sinks (N, Hq). Every sequence is checked before any runs;
+    releases the GIL.
+    """
+
 def bf16_dots() -> Optional[str]:
     """Private (tests): the bfloat16 dot products the kernels in use compute Q·Kᵀ of
     all-bfloat16 inputs with: "amx" (AVX-512 on a CPU with AMX-BF16), "avx512_bf16"

@@ -18,9 +18,10 @@ from numpy.typing import NDArray
 from ._args import (F32, Alignment, ArrayInput, Causal, Precision, Window, as_array, attention_args,
                     check_flag, float_array, integer_array, nonnegative_int, shape_str,
                     small_float_array)
-from ._functional import scaled_dot_product_attention
+from ._functional import CALL_THREADS, scaled_dot_product_attention
 from ._grad import AttentionGrads, scaled_dot_product_attention_backward
 from ._options import Variants, check_names, names, takes
+from ._paged import paged_forward
 from ._saved import Fingerprints
 
 if TYPE_CHECKING:
@@ -123,13 +124,15 @@ class _Packed:
 def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                      cu_seqlens_q: ArrayInput, cu_seqlens_k: ArrayInput, *,
                      scale: Optional[float] = None, is_causal: Causal = False,
-                     enable_gqa: bool = False, return_lse: Literal[False] = False,
+                     enable_gqa: bool = False, block_table: Optional[ArrayInput] = None,
+                     return_lse: Literal[False] = False,
                      **options: Unpack[Variants]) -> F32: ...
 @overload
 def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                      cu_seqlens_q: ArrayInput, cu_seqlens_k: ArrayInput, *,
                      scale: Optional[float] = None, is_causal: Causal = False,
-                     enable_gqa: bool = False, return_lse: bool,
+                     enable_gqa: bool = False, block_table: Optional[ArrayInput] = None,
+                     return_lse: bool,
                      **options: Unpack[Variants]) -> Union[F32, Tuple[F32, F32]]: ...
 
 
@@ -137,7 +140,8 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
 def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                      cu_seqlens_q: ArrayInput, cu_seqlens_k: ArrayInput, *,
                      scale: Optional[float] = None, is_causal: Causal = False,
-                     enable_gqa: bool = False, return_lse: bool = False,
+                     enable_gqa: bool = False, block_table: Optional[ArrayInput] = None,
+                     return_lse: bool = False,
                      **options: Unpack[Variants]) -> Union[F32, Tuple[F32, F32]]:
     """Attention over a packed batch of sequences of different lengths.
 
@@ -150,6 +154,19 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     own (``is_causal="lower_right"`` and the window use that sequence's
     lengths); ``sinks``/``alibi_slopes`` are (Hq,) or (N, Hq). No padding is
     stored or computed.
+
+    ``block_table`` (N, max_blocks) integers: the keys and values are in pages
+    (a paged KV cache), ``key`` and ``value`` (num_blocks, block_size, Hk, E)
+    and (num_blocks, block_size, Hk, Ev), float32, float16 or bfloat16, read in
+    place (flash-attn's ``block_table``). Sequence n's keys are the first
+    ``cu_seqlens_k[n+1] - cu_seqlens_k[n]`` rows of its pages
+    ``block_table[n, 0], block_table[n, 1], ...`` in order (``cu_seqlens_k``
+    then gives only the lengths; its total is free). Any block_size; entries
+    past a sequence's last page are not read. A page outside the pools, or a
+    table too short for a sequence, raises ValueError naming it. Decoding rows
+    (one query a sequence) and prefill chunks mix freely in one call; with
+    ``is_causal="lower_right"`` each sequence's queries are its last
+    positions. Forward only (no vjp).
 
     Returns out (total_q, Hq, Ev) float32, and with ``return_lse`` also
     lse (Hq, total_q) (flash-attn's varlen layout).
@@ -166,6 +183,10 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     check_names(options, VARIANTS, "varlen_attention")
     opts: dict[str, Any] = dict(options, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
     sinks, alibi_slopes = opts.pop("sinks", None), opts.pop("alibi_slopes", None)
+    if block_table is not None:
+        out, lse = paged_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, block_table, opts,
+                                 sinks, alibi_slopes, CALL_THREADS.get)
+        return (out, lse) if return_lse else out
     out, lse = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, opts, sinks,
                        alibi_slopes).forward()
     return (out, lse) if return_lse else out

@@ -33,7 +33,8 @@ typedef enum {
     ATTNX_ERR_LENGTH,   /* a key or query length outside [0, L] */
     ATTNX_ERR_OVERFLOW, /* a size whose byte count does not fit in size_t */
     ATTNX_ERR_NOMEM,    /* scratch memory could not be allocated */
-    ATTNX_ERR_ISA       /* the requested instruction set is not available */
+    ATTNX_ERR_ISA,      /* the requested instruction set is not available */
+    ATTNX_ERR_PAGE      /* a page table entry outside the pool, or pages of no rows */
 } attnx_status;
 
 typedef enum { ATTNX_MASK_NONE = 0, ATTNX_MASK_BOOL, ATTNX_MASK_FLOAT } attnx_mask_kind;
@@ -106,6 +107,21 @@ typedef struct {
     int64_t left, right;
 } attnx_window;
 
+/* Keys and values in pages (a paged KV cache, read in place), or table NULL.
+ * k and v (or k16 and v16) then describe the pool: their sb is the stride of
+ * a page, sl of a row in a page, sh of a head. Key/value row j of head
+ * (b, hk) is row j % size of page table[b * sb + j / size]. The first
+ * ceil(Lk / size) entries of each of the B table rows must be in
+ * [0, num_pages) (ATTNX_ERR_PAGE otherwise; checked before anything is
+ * written); they are also clamped to it where read, so a table another
+ * thread changes meanwhile changes numbers, never addresses. Forward only. */
+typedef struct {
+    const int32_t *table;
+    int64_t sb;        /* the stride of a table row, in entries */
+    int64_t size;      /* rows a page, >= 1 */
+    int64_t num_pages; /* pages in the pool */
+} attnx_pages;
+
 /* The format of 16-bit keys and values: IEEE binary16, or bfloat16 (the top
  * half of a float32: sign, 8 exponent bits, 7 mantissa bits). */
 typedef enum { ATTNX_HALF_F16 = 0, ATTNX_HALF_BF16 } attnx_half_format;
@@ -169,7 +185,8 @@ typedef struct {
      * Checked, not trusted: a block of queries holding another value takes
      * the float32 path. */
     int q_bf16;
-    int precision; /* attnx_precision */
+    int precision;     /* attnx_precision */
+    attnx_pages pages; /* table NULL: k, v (k16, v16) are (B, Hk, Lk, .) arrays */
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only

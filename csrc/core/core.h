@@ -115,6 +115,26 @@ static inline int rows_attending(const head_bounds *hb, int64_t i0, int rows)
     return (int)max64(0, min64(rows, hb->qlen - i0));
 }
 
+/* ---- keys and values: arrays, or pages ---------------------------------------
+ * The element offset of row j of key/value head (b, hk) in an array of
+ * strides (sb, sh, sl): (B, Hk, Lk, .) as it is, or a pool of pages
+ * (p->pages, attnx.h), whose table entries are clamped where read. */
+static inline int64_t kv_offset(const attnx_problem *p, int64_t sb, int64_t sh, int64_t sl,
+                                int64_t b, int64_t hk, int64_t j)
+{
+    const attnx_pages *pg = &p->pages;
+    if (!pg->table) return b * sb + hk * sh + j * sl;
+    const int64_t page = clamp64(pg->table[b * pg->sb + j / pg->size], 0, pg->num_pages - 1);
+    return page * sb + hk * sh + (j % pg->size) * sl;
+}
+
+/* Whether keys j0 .. j0+nk-1 lie in one page (always, without pages): their
+ * rows are then one stride apart, and kernels may read them in place. */
+static inline int in_one_page(const attnx_problem *p, int64_t j0, int64_t nk)
+{
+    return !p->pages.table || j0 % p->pages.size + nk <= p->pages.size;
+}
+
 /* q, k and v all bfloat16 values: the bfloat16 dot path may take the
  * problem (plan.c), and the scratch has room for pv_bf16 (scratch.c). */
 static inline int all_bf16(const attnx_problem *p)
@@ -152,7 +172,8 @@ attnx_run attnx_run_of(const attnx_problem *p); /* plan.c */
 
 /* Rows j0 .. j0+nk-1 of key/value head (b, hk) of the keys (values = 0) or the
  * values (1), as float32 rows *sl floats apart: the array itself, or, for
- * half-precision K/V, converted into buf (nk, width) (tile.c). */
+ * half-precision K/V and for rows of several pages, converted or copied into
+ * buf (nk, width) (tile.c). */
 const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk, int64_t j0,
                            int nk, float *buf, int64_t *sl);
 

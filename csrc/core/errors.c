@@ -12,6 +12,7 @@ static const char *const messages[] = {
     [ATTNX_ERR_OVERFLOW] = "the problem is too large: its byte count overflows size_t",
     [ATTNX_ERR_NOMEM] = "out of memory for scratch buffers",
     [ATTNX_ERR_ISA] = "that instruction set is not available on this CPU or build",
+    [ATTNX_ERR_PAGE] = "a page table entry lies outside the pool of pages, or a page has no rows",
 };
 
 const char *attnx_strerror(attnx_status status)

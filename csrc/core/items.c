@@ -134,9 +134,10 @@ static void finish_values(const fwd_job *jb, const fwd_scratch *s, const item_vi
 }
 
 /* Row j0 of the item's key/value head in a 16-bit tensor (not NULL). */
-static const uint16_t *half_rows_at(const attnx_half_tensor *t, const item_view *it, int64_t j0)
+static const uint16_t *half_rows_at(const attnx_problem *p, const attnx_half_tensor *t,
+                                    const item_view *it, int64_t j0)
 {
-    return t->data + it->b * t->sb + it->hk * t->sh + j0 * t->sl;
+    return t->data + kv_offset(p, t->sb, t->sh, t->sl, it->b, it->hk, j0);
 }
 
 /* Scores of keys j0 .. j0+nk-1 into s->st, by the queries' packing: pairs
@@ -155,13 +156,14 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
         return;
     }
     if (queries == QUERIES_PAIRS) {
-        jb->run.kt->qk_bf16((const uint32_t *)s->qt, BQ, it->nq, half_rows_at(k16, it, j0), k16->sl,
-                            nk, p->D, p->scale, s->st);
+        jb->run.kt->qk_bf16((const uint32_t *)s->qt, BQ, it->nq, half_rows_at(p, k16, it, j0),
+                            k16->sl, nk, p->D, p->scale, s->st);
         attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 1);
         return;
     }
-    if (k16->data && rows_layout(jb, it->nq)) { /* decoding a half cache: convert in registers */
-        jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq, half_rows_at(k16, it, j0),
+    if (k16->data && rows_layout(jb, it->nq) && in_one_page(p, j0, nk)) {
+        /* decoding a half cache: convert in registers */
+        jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq, half_rows_at(p, k16, it, j0),
                                 k16->sl, nk, s->st, BK);
         attnx_finish_tile(&jb->run, 1, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 0);
         return;
@@ -191,15 +193,16 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     }
     if (path->values == VALUES_BF16_TILES) {
         const attnx_half_tensor *v = &p->v16;
-        jb->run.kt->pv_bf16(s->st, BQ, it->nq, half_rows_at(v, it, j0), v->sl, nk, p->Dv, alpha,
+        jb->run.kt->pv_bf16(s->st, BQ, it->nq, half_rows_at(p, v, it, j0), v->sl, nk, p->Dv, alpha,
                             s->acct, s->pv_work);
         return;
     }
     const int rows = rows_layout(jb, it->nq);
     const int64_t s_key = rows ? 1 : BQ, s_row = rows ? BK : 1; /* the tile's layout */
-    if (p->v16.data && (rows || (jb->run.bf16_dots && jb->run.kt->pv_half_tiles))) {
+    if (p->v16.data && (rows || (jb->run.bf16_dots && jb->run.kt->pv_half_tiles)) &&
+        in_one_page(p, j0, nk)) {
         const attnx_half_tensor *v = &p->v16;
-        jb->run.kt->pv_half(p->half_format, s->st, s_key, s_row, it->nq, half_rows_at(v, it, j0),
+        jb->run.kt->pv_half(p->half_format, s->st, s_key, s_row, it->nq, half_rows_at(p, v, it, j0),
                             v->sl, nk, p->Dv, alpha, s->acc, jb->plan.ldacc);
         return;
     }

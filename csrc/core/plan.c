@@ -22,8 +22,8 @@ int64_t attnx_split_dims(const attnx_run *r, int64_t min_meet)
 #endif
     const attnx_problem *p = r->p;
     const int64_t meet = p->Hk ? p->Hq / p->Hk * ((p->Lq + BQ - 1) / BQ) : 0;
-    return r->kt->qk_split && !r->bf16_dots && r->post_scale == 1.0f && p->D > 0 &&
-                   p->Lq > r->kt->dot_max_nq && meet >= min_meet
+    return r->kt->qk_split && !r->bf16_dots && !p->pages.table && r->post_scale == 1.0f &&
+                   p->D > 0 && p->Lq > r->kt->dot_max_nq && meet >= min_meet
                ? (p->D + 31) / 32 * 32
                : 0;
 }
@@ -37,7 +37,9 @@ attnx_run attnx_run_of(const attnx_problem *p)
         .pre_scale = large ? 1.0f : p->scale,
         .post_scale = large ? p->scale : 1.0f,
     };
-    r.bf16_dots = r.kt->qk_bf16 && all_bf16(p);
+    /* pages: the FMA kernels, which read a tile's rows in place; the tile
+     * paths read whole heads or wider tiles of rows one stride apart */
+    r.bf16_dots = r.kt->qk_bf16 && all_bf16(p) && !p->pages.table;
     r.pv_tiles = r.bf16_dots && r.kt->pv_bf16 && p->Dv % 16 == 0;
     /* the forward splits float32 keys and values met by 12 query blocks or
      * more: splitting them costs about a third of one block's tile

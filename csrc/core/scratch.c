@@ -71,13 +71,17 @@ void attnx_scratch_give_back(int tid, float *buf)
     if (tid != 0) free(buf); /* thread 0's stays cached */
 }
 
+/* kbuf and vbuf: a tile of keys and values converted from 16 bits, or
+ * copied from several pages */
+static int staged_kv(const attnx_problem *p) { return p->k16.data || p->pages.table; }
+
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
                                     int split_pv, size_t *floats)
 {
     size_t main, kv = 0, tiles = 0;
     const size_t qparts = 3 * (size_t)(split_dp / 2) * BQ; /* split_dp <= D + 31: no overflow */
     if (!mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, &main) ||
-        (p->k16.data && !mul_ok((size_t)p->D + (size_t)p->Dv, BK, &kv)) || main > SIZE_MAX - kv)
+        (staged_kv(p) && !mul_ok((size_t)p->D + (size_t)p->Dv, BK, &kv)) || main > SIZE_MAX - kv)
         return ATTNX_ERR_OVERFLOW;
     if (all_bf16(p) || split_pv) { /* acct (ldacc, BQ), pv_work: ATTNX_PV_BF16_WORK(ldacc) */
         if (!mul_ok((size_t)ldacc, BQ + BK / 2, &tiles) ||
@@ -102,11 +106,11 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
     s.l = s.m + BQ;
     s.alpha = s.l + BQ;
     s.kbuf = s.vbuf = s.acct = s.pv_work = NULL;
-    if (p->k16.data) {
+    if (staged_kv(p)) {
         s.kbuf = s.alpha + BQ;
         s.vbuf = s.kbuf + (size_t)BK * p->D;
     }
-    float *end = s.alpha + BQ + (p->k16.data ? (size_t)BK * (size_t)(p->D + p->Dv) : 0);
+    float *end = s.alpha + BQ + (staged_kv(p) ? (size_t)BK * (size_t)(p->D + p->Dv) : 0);
     if (all_bf16(p) || split_pv) { /* 64-byte aligned: every offset is a multiple of 16 floats */
         s.acct = end;
         s.pv_work = s.acct + (size_t)ldacc * BQ;

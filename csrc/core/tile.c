@@ -97,21 +97,49 @@ static void mask_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int 
         kt->mask_float(t->st, ld, lanes, lines, (const float *)m->data + at, s_lane, s_line);
 }
 
+/* Rows j0 .. j0+nk-1 of pages, page by page, into buf (nk, width): converted
+ * from 16 bits, or copied. */
+static void stage_pages(const attnx_run *r, int values, int64_t b, int64_t hk, int64_t j0, int nk,
+                        int64_t width, float *buf)
+{
+    const attnx_problem *p = r->p;
+    for (int64_t j = j0; j < j0 + nk;) {
+        const int n = (int)min64(j0 + nk - j, p->pages.size - j % p->pages.size);
+        float *to = buf + (j - j0) * width;
+        if (p->k16.data) {
+            const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
+            r->kt->half_rows(p->half_format, t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j),
+                             t->sl, n, width, to);
+        } else {
+            const attnx_tensor *t = values ? &p->v : &p->k;
+            const float *from = t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j);
+            for (int i = 0; i < n; i++)
+                memcpy(to + i * width, from + i * t->sl, sizeof(float) * (size_t)width);
+        }
+        j += n;
+    }
+}
+
 const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk, int64_t j0,
                            int nk, float *buf, int64_t *sl)
 {
     const attnx_problem *p = r->p;
     const int64_t width = values ? p->Dv : p->D;
+    if (!in_one_page(p, j0, nk)) { /* a tile across pages: staged in buf, as gathered keys */
+        stage_pages(r, values, b, hk, j0, nk, width, buf);
+        *sl = width;
+        return buf;
+    }
     if (p->k16.data) {
         const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
-        r->kt->half_rows(p->half_format, t->data + b * t->sb + hk * t->sh + j0 * t->sl, t->sl, nk,
-                         width, buf);
+        r->kt->half_rows(p->half_format, t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j0),
+                         t->sl, nk, width, buf);
         *sl = width;
         return buf;
     }
     const attnx_tensor *t = values ? &p->v : &p->k;
     *sl = t->sl;
-    return t->data + b * t->sb + hk * t->sh + j0 * t->sl;
+    return t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j0);
 }
 
 float attnx_kv_at(const attnx_problem *p, int values, int64_t b, int64_t hk, int64_t j, int64_t d)
@@ -119,10 +147,10 @@ float attnx_kv_at(const attnx_problem *p, int values, int64_t b, int64_t hk, int
     if (p->k16.data) {
         const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
         return attnx_half16_to_float(p->half_format,
-                                     t->data[b * t->sb + hk * t->sh + j * t->sl + d]);
+                                     t->data[kv_offset(p, t->sb, t->sh, t->sl, b, hk, j) + d]);
     }
     const attnx_tensor *t = values ? &p->v : &p->k;
-    return t->data[b * t->sb + hk * t->sh + j * t->sl + d];
+    return t->data[kv_offset(p, t->sb, t->sh, t->sl, b, hk, j) + d];
 }
 
 void attnx_score_tile(const attnx_run *r, const float *qt, int rows, const float *k, int64_t k_sl,

@@ -94,6 +94,24 @@ static attnx_status check_overflow(const attnx_problem *p, const char **field)
     return ATTNX_OK;
 }
 
+/* Pages: rows in a page, a pool when there are keys, and the first
+ * ceil(Lk / size) entries of each table row in [0, num_pages). */
+static attnx_status check_pages(const attnx_problem *p, const char **field)
+{
+    const attnx_pages *pg = &p->pages;
+    if (!pg->table) return ATTNX_OK;
+    if (pg->size < 1) return refuse(field, "pages.size", ATTNX_ERR_PAGE);
+    if (p->Lk == 0 || p->B == 0 || p->Hk == 0) return ATTNX_OK;
+    const int64_t used = (p->Lk + pg->size - 1) / pg->size;
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t x = 0; x < used; x++) {
+            const int32_t page = pg->table[b * pg->sb + x];
+            if (page < 0 || page >= pg->num_pages)
+                return refuse(field, "pages.table", ATTNX_ERR_PAGE);
+        }
+    return ATTNX_OK;
+}
+
 /* The checks in order; the first that fails decides. */
 static attnx_status check(const attnx_problem *p, int writes_out, const char **field)
 {
@@ -104,6 +122,7 @@ static attnx_status check(const attnx_problem *p, int writes_out, const char **f
     if (st == ATTNX_OK) st = check_pointers(p, writes_out, field);
     if (st == ATTNX_OK) st = check_lengths(p, field);
     if (st == ATTNX_OK) st = check_overflow(p, field);
+    if (st == ATTNX_OK) st = check_pages(p, field);
     return st;
 }
 
@@ -137,5 +156,6 @@ attnx_status attnx_check_grad_problem(const attnx_grad_problem *g, const char **
     const attnx_status st = check(&g->f, 0, field);
     if (st != ATTNX_OK) return st;
     if (g->f.k16.data) return refuse(field, "f.k16", ATTNX_ERR_ARG); /* forward only */
+    if (g->f.pages.table) return refuse(field, "f.pages", ATTNX_ERR_ARG);
     return check_grad_pointers(g, field);
 }

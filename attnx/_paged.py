@@ -1,0 +1,138 @@
+"""Packed sequences against keys and values in pages (a paged KV cache), read
+in place: ``varlen_attention(..., block_table=...)``.
+
+The pools hold ``num_blocks`` pages of ``block_size`` rows each,
+(num_blocks, block_size, Hk, E); sequence n's keys are the first
+``cu_seqlens_k[n+1] - cu_seqlens_k[n]`` rows of its pages
+``block_table[n, 0], block_table[n, 1], ...`` in order (flash-attn's
+``flash_attn_varlen_func(..., block_table=...)``). Everything is checked
+here, then one call of the extension runs every sequence with the GIL
+released (``_attnx.forward_varlen``): each sequence is one problem of the C
+core, whose tiles of keys stop at page boundaries and read the pages where
+they are. No key is gathered or copied.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _attnx
+from ._args import (F32, attention_args, check_alibi_range, float_array, integer_array,
+                    is_bfloat16, shape_str, unit_last_stride)
+
+__all__ = ["paged_forward"]
+
+
+def _cu(x: object, name: str, total: Optional[int]) -> NDArray[np.int64]:
+    """cu_seqlens: 1-D integers from 0, non-decreasing, ending at ``total`` (None: anywhere)."""
+    a = integer_array(x, name)
+    if a.ndim != 1 or a.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-D (N+1,) with at least one entry; got shape {shape_str(a)}")
+    if a.size and a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds {a.max()}, beyond int64")
+    c = np.array(a, dtype=np.int64)          # a private copy: the core reads it without the GIL
+    if c[0] != 0:
+        raise ValueError(f"{name} must start at 0; got {c[0]}")
+    if np.any(np.diff(c) < 0):
+        raise ValueError(f"{name} must be non-decreasing; got {c.tolist()}")
+    if total is not None and c[-1] != total:
+        raise ValueError(f"{name} must end at the packed length {total}; got {c[-1]}")
+    return c
+
+
+def _pools(key: object, value: object) -> Tuple[NDArray[Any], NDArray[Any]]:
+    """The pools as the core reads them, (num_blocks, Hk, block_size, E) views:
+    float16 pairs and bfloat16 pairs (as uint16 bits) as they are, float32 as
+    it is; other float dtypes converted to float32 (a copy)."""
+    k, v = float_array(key, "key"), float_array(value, "value")
+    for a, n in ((k, "key"), (v, "value")):
+        if a.ndim != 4:
+            raise ValueError(f"with block_table, {n} must be pages (num_blocks, block_size, H, E); "
+                             f"got shape {shape_str(a)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"key and value pages must agree in (num_blocks, block_size, Hk); got key "
+                         f"{shape_str(k)}, value {shape_str(v)}")
+    if k.shape[1] < 1:
+        raise ValueError(f"pages must hold at least one row (block_size >= 1); got key {shape_str(k)}")
+    if k.dtype == v.dtype and is_bfloat16(k.dtype):
+        k, v = k.view(np.uint16), v.view(np.uint16)
+    elif not (k.dtype == v.dtype == np.float16):
+        k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
+    return (unit_last_stride(k).swapaxes(1, 2), unit_last_stride(v).swapaxes(1, 2))
+
+
+def _table(block_table: object, lengths: NDArray[np.int64], num_blocks: int,
+           block_size: int) -> NDArray[np.int32]:
+    """block_table checked against each sequence's keys: (N, max_blocks) integers,
+    enough columns for every sequence, the used entries in [0, num_blocks). An
+    int32 private copy."""
+    t = integer_array(block_table, "block_table")
+    n = lengths.shape[0]
+    if t.ndim != 2 or t.shape[0] != n:
+        raise ValueError(f"block_table must be (num_seqs, max_blocks) = ({n}, max_blocks); got "
+                         f"shape {shape_str(t)}")
+    need = -(-lengths // block_size)                     # pages each sequence's keys fill
+    if n and need.max(initial=0) > t.shape[1]:
+        i = int(np.argmax(need > t.shape[1]))
+        raise ValueError(f"block_table: sequence {i} has {lengths[i]} keys, {need[i]} pages of "
+                         f"{block_size} rows, but the table has {t.shape[1]} columns")
+    used = np.arange(t.shape[1]) < need[:, None]
+    bad = used & ((t < 0) | (t >= num_blocks))
+    if bad.any():
+        i, j = (int(x[0]) for x in np.nonzero(bad))
+        raise ValueError(f"block_table[{i}, {j}] = {t[i, j]} names no page: the pools hold "
+                         f"{num_blocks} pages (0 to {num_blocks - 1})")
+    return np.array(np.where(used, t, 0), dtype=np.int32)  # unused entries: never read
+
+
+def _per_sequence(x: object, name: str, n: int, Hq: int) -> Optional[NDArray[np.float32]]:
+    """sinks or alibi_slopes, (Hq,) or (N, Hq), as an (N, Hq) float32 array."""
+    if x is None:
+        return None
+    a = np.asarray(x)
+    if a.shape not in ((Hq,), (n, Hq)):
+        raise ValueError(f"{name} must be (Hq,) = ({Hq},) or (N, Hq) = ({n}, {Hq}); got shape "
+                         f"{shape_str(a)}")
+    return np.ascontiguousarray(np.broadcast_to(a, (n, Hq)), dtype=np.float32)
+
+
+def paged_forward(query: object, key: object, value: object, cu_seqlens_q: object,
+                  cu_seqlens_k: object, block_table: object, opts: dict[str, Any],
+                  sinks: object, alibi_slopes: object,
+                  threads: Callable[[], int]) -> Tuple[F32, F32]:
+    """out (total_q, Hq, Ev) and lse (Hq, total_q) of varlen_attention with pages."""
+    q = float_array(query, "query")
+    if q.ndim != 3:
+        raise ValueError(f"query must be packed (total, H, E); got shape {shape_str(q)}")
+    kp, vp = _pools(key, value)
+    num_blocks, Hk, block_size = kp.shape[:3]
+    cq = _cu(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
+    ck = _cu(cu_seqlens_k, "cu_seqlens_k", None)
+    if cq.shape != ck.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (N+1); got "
+                         f"{cq.shape[0]} and {ck.shape[0]}")
+    n, Hq = cq.shape[0] - 1, q.shape[1]
+    lengths = np.diff(ck)
+    table = _table(block_table, lengths, num_blocks, block_size)
+    s = _per_sequence(sinks, "sinks", n, Hq)
+    a = _per_sequence(alibi_slopes, "alibi_slopes", n, Hq)
+    # every shared check once, on zero-row views (heads, widths, the options)
+    k0 = np.zeros((1, 0, Hk, kp.shape[3]), np.float32)
+    v0 = np.zeros((1, 0, Hk, vp.shape[3]), np.float32)
+    p = attention_args(q[None], k0, v0, layout="blhd", **opts,
+                       sinks=None if s is None else s[0], alibi_slopes=None if a is None else a[0])
+    p = p.astype(np.float32)
+    if a is not None:
+        lq = np.diff(cq)
+        for i in range(n):
+            check_alibi_range(a[i], p.variants.align, int(lq[i]), int(lengths[i]))
+    Ev = vp.shape[3]
+    out = np.empty((q.shape[0], Hq, Ev), np.float32)
+    lse = np.empty((Hq, q.shape[0]), np.float32)
+    _attnx.forward_varlen(p.q, kp, vp, out.swapaxes(0, 1)[None], lse[None, :, :, None], cq, ck,
+                          table, p.causal, p.scale, p.variants.core(a, s), threads(),
+                          p.q_bfloat16)
+    return out, lse
