@@ -17,7 +17,8 @@
 #   ATTNX_SANITIZE_ISAS  instruction sets to run (default: scalar avx2 avx512,
 #                        those the CPU has)
 #   ATTNX_SANITIZE_FULL  "all": the whole suite on every ISA; default: the whole
-#                        suite on the best ISA (the last one run) and, on the
+#                        suite (but the files of not_c below, which reach no C
+#                        code of their own) on the best ISA (the last one run) and, on the
 #                        others, the files whose code paths depend on the ISA
 #                        (ATTNX_SANITIZE_SUBSET; the suite under ASan takes
 #                        ~4 min an ISA here, mostly the hypothesis tests)
@@ -141,7 +142,19 @@ default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengt
     tests/test_errors.py tests/test_threads.py tests/test_mha.py tests/test_grad.py
     tests/test_core_edges.py tests/test_determinism.py tests/test_fuzz_corpus.py
     tests/test_variant_options.py tests/test_varlen.py tests/test_kvcache.py
-    tests/test_variants_torch.py tests/test_bfloat16.py tests/test_mask_grad.py"
+    tests/test_variants_torch.py tests/test_bfloat16.py tests/test_mask_grad.py
+    tests/test_paged.py tests/test_precision.py"
+# the files the whole-suite run leaves out: they reach no C code that the
+# others do not (builds of the extension, notebooks and the newcomer's venv in
+# child processes, mypy, the benchmark's tables and plots), and take minutes
+# under the sanitizers
+not_c="tests/test_build.py tests/test_notebooks.py tests/test_newcomer.py tests/test_typing.py
+    tests/test_bench_docs.py tests/test_bench_plot.py tests/test_plot.py tests/test_docs.py"
+ignored=()
+for f in $not_c; do
+    [[ -e $tree/$f ]] || { echo "sanitize: $f (not_c) does not exist" >&2; exit 1; }
+    ignored+=("--ignore=$f")
+done
 subset=()
 for f in ${ATTNX_SANITIZE_SUBSET:-$default_subset}; do
     # a file that is not there is an error, not a silent skip: a renamed test
@@ -154,7 +167,7 @@ for isa in $isas; do
         echo "== ATTNX_ISA=$isa: not available on this CPU ($available), skipped"
         continue
     fi
-    what=(tests)
+    what=(tests "${ignored[@]}")
     [[ ${ATTNX_SANITIZE_FULL:-} == all || $isa == "$best" || ${#subset[@]} -eq 0 ]] || what=("${subset[@]}")
     echo "== pytest under ASan+UBSan, ATTNX_ISA=$isa: ${what[*]}"
     t0=$SECONDS
