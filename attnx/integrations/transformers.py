@@ -26,12 +26,15 @@ transformers and torch are imported only here.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable, Optional, Tuple, cast
 
 import torch
 
 from .._args import Precision, precision_code
 from ..torch import scaled_dot_product_attention as _attention
+from ._continuous_batching import install as _install_continuous_batching
+from ._continuous_batching import varlen_forward
 
 __all__ = ["register", "attention_forward", "NAME"]
 
@@ -71,6 +74,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     ``precision``: as in :func:`attnx.scaled_dot_product_attention` (set by
     :func:`register`).
     """
+    if "cu_seq_lens_q" in kwargs:       # continuous batching: requests packed along the queries
+        if kwargs.get("output_attentions"):
+            raise ValueError("attnx: output_attentions=True is not available in continuous batching")
+        sliding = kwargs.get("sliding_window")
+        options = dict(is_causal="lower_right" if is_causal is not False else False,
+                       scale=scaling, softcap=softcap if softcap else None, precision=precision,
+                       window=(int(sliding) - 1, 0) if sliding else None)
+        if s_aux is not None:
+            options["sinks"] = s_aux.detach().float().numpy()
+        return varlen_forward(query, key, value, kwargs, options), None
     if dropout and module.training:
         raise ValueError(f"attnx has no attention dropout: the model's attention dropout is "
                          f"{dropout} in training mode; set it to 0.0 in the config (or call "
@@ -119,6 +132,11 @@ def register(name: str = NAME, *, precision: Precision = "highest") -> str:
     models registered under ``name`` passes on (see
     :func:`attnx.scaled_dot_product_attention`); checked here. Calling it
     again is harmless; the last call's precision holds.
+
+    It also lets ``name`` run transformers' continuous batching
+    (``model.generate_batch``, ``init_continuous_batching``), each request
+    attending to its own keys read in place from the paged cache (two small
+    hooks, documented in ``attnx.integrations._continuous_batching``).
     """
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
@@ -128,5 +146,10 @@ def register(name: str = NAME, *, precision: Precision = "highest") -> str:
         forward = functools.wraps(attention_forward)(
             functools.partial(attention_forward, precision=precision))
     AttentionInterface.register(name, forward)
+    try:
+        _install_continuous_batching(name)
+    except (ImportError, AttributeError, RuntimeError) as e:   # another transformers: plain models work
+        warnings.warn(f"attnx: transformers' continuous batching (generate_batch) will not take "
+                      f"{name!r}: {e}", RuntimeWarning, stacklevel=2)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
