@@ -62,10 +62,11 @@ def test_greedy_tokens_equal_sdpa_in_float32(registered, page, max_batch_tokens)
     assert all(len(t) == 10 for t in got)
 
 
-def test_greedy_tokens_in_bfloat16(registered):
+def test_greedy_tokens_in_bfloat16_under_inference_mode(registered):
     model = _model(torch.bfloat16)
-    want = _generate(model, "sdpa", 16, 24)
-    got = _generate(model, registered, 16, 24)
+    with torch.inference_mode():        # inference tensors: no version counters
+        want = _generate(model, "sdpa", 16, 24)
+        got = _generate(model, registered, 16, 24)
     same = sum(a == b for x, y in zip(want, got) for a, b in zip(x, y))
     assert same >= 0.9 * sum(len(x) for x in want), (want, got)
 

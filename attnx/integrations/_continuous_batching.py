@@ -117,7 +117,8 @@ def install(name: str) -> None:
     cache.update = cache_update
 
 
-#: the last read_index's pages: (its identity, cu_seqlens_k, page_size) -> table
+#: the last read_index, its cu_seqlens_k and page size, and their pages (every
+#: layer of a step reads the same index: its pages are found once a step)
 _last_table: Dict[str, Any] = {}
 
 
@@ -145,12 +146,15 @@ def _block_table(read_index: NDArray[np.int64], ck: NDArray[np.int64],
 
 
 def _table_for(rows: CacheRows, ck: NDArray[np.int64]) -> Optional[NDArray[np.int64]]:
-    """_block_table, computed once per step: every layer of a step reads the same index."""
-    ri = rows.read_index
-    key = (ri.data_ptr(), ri._version, ri.numel(), ck.tobytes(), rows.page_size)
-    if _last_table.get("key") != key:
-        _last_table["key"] = key
-        _last_table["table"] = _block_table(ri.numpy(), ck, rows.page_size)
+    """_block_table, computed again only when the index changes (compared by
+    value: the step's index tensor is a slice of a buffer transformers reuses,
+    and inference tensors keep no version counter)."""
+    ri = rows.read_index.numpy()
+    last = _last_table.get("index")
+    if not (last is not None and _last_table["page"] == rows.page_size
+            and np.array_equal(_last_table["ck"], ck) and np.array_equal(last, ri)):
+        _last_table.update(index=ri.copy(), ck=ck.copy(), page=rows.page_size,
+                           table=_block_table(ri, ck, rows.page_size))
     table: Optional[NDArray[np.int64]] = _last_table["table"]
     return table
 
