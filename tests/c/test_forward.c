@@ -158,6 +158,50 @@ static float *fill(size_t n)
 
 static int passed = 0, failed = 0;
 
+/* K and V of p copied into pools of pages of `size` rows, (pages, size, Hk,
+ * width), in a random page order with a spare page between: *table (B, per)
+ * the pages of each batch index. Returns the problem reading the pools. */
+typedef struct {
+    float *k, *v;
+    int32_t *table;
+} paged_copy;
+
+static attnx_problem paged_problem(const attnx_problem *p, int64_t size, paged_copy *c)
+{
+    const int64_t per = (p->Lk + size - 1) / size, n = p->B * per + 2;
+    c->table = malloc(sizeof(int32_t) * (size_t)(p->B * per + 1));
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t x = 0; x < n; x++) order[x] = (int32_t)x;
+    for (int64_t x = n - 1; x > 0; x--) { /* shuffle */
+        const int64_t y = irand(x + 1);
+        const int32_t tmp = order[x];
+        order[x] = order[y], order[y] = tmp;
+    }
+    for (int64_t x = 0; x < p->B * per; x++) c->table[x] = order[x];
+    free(order);
+    attnx_problem pp = *p;
+    pp.pages = (attnx_pages){.table = c->table, .sb = per, .size = size, .num_pages = n};
+    const int64_t widths[2] = {p->D, p->Dv};
+    for (int values = 0; values < 2; values++) {
+        const int64_t w = widths[values];
+        float *pool = fill((size_t)(n * size * p->Hk * w + 1));
+        const attnx_tensor *src = values ? &p->v : &p->k;
+        for (int64_t b = 0; b < p->B; b++)
+            for (int64_t h = 0; h < p->Hk; h++)
+                for (int64_t j = 0; j < p->Lk; j++)
+                    memcpy(pool +
+                               ((c->table[b * per + j / size] * size + j % size) * p->Hk + h) * w,
+                           src->data + b * src->sb + h * src->sh + j * src->sl,
+                           sizeof(float) * (size_t)w);
+        const attnx_tensor t = {pool, size * p->Hk * w, w, p->Hk * w};
+        if (values)
+            c->v = pool, pp.v = t;
+        else
+            c->k = pool, pp.k = t;
+    }
+    return pp;
+}
+
 static void run_case(int t)
 {
     attnx_problem p;
@@ -251,6 +295,10 @@ static void run_case(int t)
 
     double *ref = malloc(sizeof(double) * (nout ? nout : 1));
     naive(&p, ref);
+    /* a third of the cases: the keys and values in pages too, 1 to 200 rows a page */
+    paged_copy pc = {NULL, NULL, NULL};
+    const int paged = irand(3) == 0;
+    const attnx_problem pp = paged ? paged_problem(&p, 1 + irand(200), &pc) : p;
     /* the backward, for problems small enough to differentiate naively here */
     const int grad = p.B * p.Hq * p.Lq * p.Lk * (p.D + p.Dv) < 4000000;
     const size_t nq = (size_t)(p.B * p.Hq * p.Lq * p.D), nk = (size_t)(p.B * p.Hk * p.Lk * p.D),
@@ -263,14 +311,30 @@ static void run_case(int t)
         const char *isa = attnx_isa_name_at(s);
         if (!attnx_isa_available(isa)) continue;
         attnx_set_isa(isa);
-        for (size_t i = 0; i < nout; i++) out[i] = NAN;
-        const attnx_status st = attnx_forward(&p);
         double worst = 0.0;
-        int bad = st != ATTNX_OK;
-        for (size_t i = 0; i < nout && !bad; i++) {
-            const double err = fabs(out[i] - ref[i]);
-            if (!(err <= 1e-5 + 5e-6 * fabs(ref[i]))) bad = 1;
-            if (err > worst) worst = err;
+        attnx_status st = ATTNX_OK;
+        int bad = 0;
+        for (int pass = 0; pass < 1 + paged && !bad; pass++) { /* the arrays, then the pages */
+            for (size_t i = 0; i < nout; i++) out[i] = NAN;
+            st = attnx_forward(pass ? &pp : &p);
+            bad = st != ATTNX_OK;
+            for (size_t i = 0; i < nout && !bad; i++) {
+                const double err = fabs(out[i] - ref[i]);
+                if (!(err <= 1e-5 + 5e-6 * fabs(ref[i]))) bad = 1;
+                if (err > worst) worst = err;
+            }
+            if (bad && pass) printf("(paged, %lld rows a page) ", (long long)pp.pages.size);
+        }
+        if (paged && !bad) { /* the pages are forward-only: the backward refuses them */
+            attnx_grad_problem gp;
+            memset(&gp, 0, sizeof gp);
+            gp.f = pp;
+            const char *field = NULL;
+            bad = attnx_check_grad_problem(&gp, &field) != ATTNX_ERR_ARG || !field ||
+                  strcmp(field, "f.pages") != 0;
+            for (size_t i = 0; i < nout; i++) out[i] = NAN; /* the backward below reads p's */
+            st = attnx_forward(&p);
+            bad |= st != ATTNX_OK;
         }
         double gworst = 0.0;
         if (grad && !bad) {
@@ -304,6 +368,7 @@ static void run_case(int t)
             passed++;
         }
     }
+    free(pc.k), free(pc.v), free(pc.table);
     free(slopes), free(sinks), free(lse), free(dout), free(dq), free(dk), free(dv);
     free(rq), free(rk), free(rv);
     free(q);
