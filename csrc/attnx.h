@@ -195,6 +195,16 @@ typedef struct {
  * scores s of row i: -inf for a row with no allowed key (or past query_lengths). */
 attnx_status attnx_forward(const attnx_problem *p);
 
+/* n independent forward problems (each as attnx_forward takes it), spread
+ * over num_threads threads (<= 0: attnx_get_num_threads()): a problem of at
+ * least ATTNX_BATCH_ALONE_FLOPS (4·Hq·Lq·Lk·D) runs alone on every thread, as
+ * attnx_forward runs it; the others (decoding rows, short sequences) run one
+ * a thread at a time, each on one thread, so that a batch of many small
+ * problems costs no wake-up of the pool each. Returns the first error (the
+ * problems that ran have written their outputs), or ATTNX_OK. */
+#define ATTNX_BATCH_ALONE_FLOPS 3.2e7
+attnx_status attnx_forward_batch(const attnx_problem *problems, int64_t n, int num_threads);
+
 /* The check attnx_forward makes before it runs: ATTNX_OK, or the error code
  * it would return with *field (when field is not NULL) naming the member of
  * the problem at fault: "Hk", "causal", "scale", "mask.kind", "q.data",

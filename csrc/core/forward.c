@@ -271,3 +271,50 @@ attnx_status attnx_forward(const attnx_problem *p)
     free_scratch(&jb, jb.plan.threads);
     return ATTNX_OK;
 }
+
+/* ---- many problems ---------------------------------------------------------- */
+
+typedef struct {
+    const attnx_problem *problems;
+    const int64_t *small; /* the indexes of the problems that run on one thread */
+    atomic_int status;
+} batch_job;
+
+static void run_small(void *arg, int tid, int64_t i)
+{
+    batch_job *bj = arg;
+    attnx_problem p = bj->problems[bj->small[i]];
+    p.num_threads = 1; /* inside the pool: runs on this thread */
+    const attnx_status st = attnx_forward(&p);
+    int ok = ATTNX_OK;
+    if (st != ATTNX_OK) atomic_compare_exchange_strong(&bj->status, &ok, (int)st);
+}
+
+static double flops_of(const attnx_problem *p)
+{
+    return 4.0 * (double)p->B * (double)p->Hq * (double)p->Lq * (double)p->Lk *
+           (double)(p->D > 0 ? p->D : 1);
+}
+
+attnx_status attnx_forward_batch(const attnx_problem *problems, int64_t n, int num_threads)
+{
+    const int nt = num_threads > 0 ? num_threads : attnx_get_num_threads();
+    int64_t *small = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (!small) return ATTNX_ERR_NOMEM;
+    int64_t n_small = 0;
+    attnx_status st = ATTNX_OK;
+    for (int64_t i = 0; i < n && st == ATTNX_OK; i++) {
+        if (flops_of(&problems[i]) < ATTNX_BATCH_ALONE_FLOPS && nt > 1)
+            small[n_small++] = i;
+        else
+            st = attnx_forward(&problems[i]);
+    }
+    if (st == ATTNX_OK && n_small > 0) {
+        batch_job bj = {.problems = problems, .small = small};
+        atomic_init(&bj.status, ATTNX_OK);
+        attnx_parallel_items((int)min64(nt, n_small), n_small, run_small, &bj);
+        st = (attnx_status)atomic_load(&bj.status);
+    }
+    free(small);
+    return st;
+}

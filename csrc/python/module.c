@@ -565,19 +565,21 @@ static PyObject *py_forward_varlen(PyObject *self, PyObject *args)
                                 i, P, P, S);
         if (st != ATTNX_OK) return raise_refusal(st, field, &p, PyTuple_GET_ITEM(args, 9));
     }
-    attnx_status st = ATTNX_OK;
-    npy_intp failed = 0;
-    Py_BEGIN_ALLOW_THREADS
-        for (npy_intp i = 0; i < n && st == ATTNX_OK; i++) {
-            const attnx_problem p = sequence_problem(&all, i, cu_q, cu_k, table, cols);
-            if (p.Lq > 0) st = attnx_forward(&p);
-            failed = i;
-        }
-    Py_END_ALLOW_THREADS
-    if (st != ATTNX_OK) {
-        const attnx_problem p = sequence_problem(&all, failed, cu_q, cu_k, table, cols);
-        return forward_refused(st, &p, PyTuple_GET_ITEM(args, 9));
+    attnx_problem *problems = PyMem_Malloc(sizeof(attnx_problem) * (size_t)(n > 0 ? n : 1));
+    if (!problems) return PyErr_NoMemory();
+    npy_intp m = 0;
+    for (npy_intp i = 0; i < n; i++) { /* the sequences with queries */
+        const attnx_problem p = sequence_problem(&all, i, cu_q, cu_k, table, cols);
+        if (p.Lq > 0) problems[m++] = p;
     }
+    attnx_status st;
+    Py_BEGIN_ALLOW_THREADS
+        st = attnx_forward_batch(problems, m, all.num_threads);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(problems);
+    if (st == ATTNX_ERR_NOMEM)
+        return PyErr_Format(PyExc_MemoryError, "attnx: %s", attnx_strerror(st));
+    if (st != ATTNX_OK) return PyErr_Format(PyExc_ValueError, "attnx: %s", attnx_strerror(st));
     Py_RETURN_NONE;
 }
 
