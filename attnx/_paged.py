@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from . import _attnx
 from ._args import (F32, attention_args, check_alibi_range, float_array, integer_array,
-                    is_bfloat16, shape_str, unit_last_stride)
+                    is_bfloat16, shape_str, small_float_array, unit_last_stride)
 
 __all__ = ["paged_forward"]
 
@@ -57,6 +57,8 @@ def _pools(key: object, value: object) -> Tuple[NDArray[Any], NDArray[Any]]:
                          f"{shape_str(k)}, value {shape_str(v)}")
     if k.shape[1] < 1:
         raise ValueError(f"pages must hold at least one row (block_size >= 1); got key {shape_str(k)}")
+    if k.shape[0] > np.iinfo(np.int32).max:
+        raise ValueError(f"at most 2**31 - 1 pages (block_table is int32); got key {shape_str(k)}")
     if k.dtype == v.dtype and is_bfloat16(k.dtype):
         k, v = k.view(np.uint16), v.view(np.uint16)
     elif not (k.dtype == v.dtype == np.float16):
@@ -89,14 +91,18 @@ def _table(block_table: object, lengths: NDArray[np.int64], num_blocks: int,
 
 
 def _per_sequence(x: object, name: str, n: int, Hq: int) -> Optional[NDArray[np.float32]]:
-    """sinks or alibi_slopes, (Hq,) or (N, Hq), as an (N, Hq) float32 array."""
+    """sinks or alibi_slopes, (Hq,) or (N, Hq), as an (N, Hq) float32 array,
+    every row finite (the core reads them all)."""
     if x is None:
         return None
-    a = np.asarray(x)
+    a = small_float_array(x, name)
     if a.shape not in ((Hq,), (n, Hq)):
         raise ValueError(f"{name} must be (Hq,) = ({Hq},) or (N, Hq) = ({n}, {Hq}); got shape "
                          f"{shape_str(a)}")
-    return np.ascontiguousarray(np.broadcast_to(a, (n, Hq)), dtype=np.float32)
+    rows = np.ascontiguousarray(np.broadcast_to(a, (n, Hq)), dtype=np.float32)
+    if not np.isfinite(rows).all():
+        raise ValueError(f"{name} must be finite in float32; got {a.tolist()!r:.200}")
+    return rows
 
 
 def paged_forward(query: object, key: object, value: object, cu_seqlens_q: object,
@@ -123,7 +129,8 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     k0 = np.zeros((1, 0, Hk, kp.shape[3]), np.float32)
     v0 = np.zeros((1, 0, Hk, vp.shape[3]), np.float32)
     p = attention_args(q[None], k0, v0, layout="blhd", **opts,
-                       sinks=None if s is None else s[0], alibi_slopes=None if a is None else a[0])
+                       sinks=None if s is None or n == 0 else s[0],
+                       alibi_slopes=None if a is None or n == 0 else a[0])
     p = p.astype(np.float32)
     if a is not None:
         lq = np.diff(cq)

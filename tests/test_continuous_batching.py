@@ -139,3 +139,30 @@ def test_the_hooks_check_the_transformers_version(monkeypatch):
     monkeypatch.setattr(sys.modules["transformers"], "__version__", "99.0.0")
     with pytest.raises(RuntimeError, match="checked on transformers 5.x; this is 99.0.0"):
         cb._hooks()
+
+
+def test_a_sliding_window_model_equals_sdpa(registered):
+    """Mistral with a window shorter than the prompts: its sliding layers keep
+    transformers' own update (a ring buffer, read before written), and the
+    window applies per request."""
+    from transformers import MistralConfig, MistralForCausalLM
+    torch.manual_seed(0)
+    cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                        max_position_embeddings=512, sliding_window=8)
+    model = MistralForCausalLM(cfg).eval()
+    assert _generate(model, registered, 16, 24) == _generate(model, "sdpa", 16, 24)
+
+
+def test_padding_free_training_keeps_its_gradients(registered):
+    """cu_seq_lens_q without a paged cache (DataCollatorWithFlattening's
+    padding-free batches) is no continuous-batching step: gradients flow."""
+    model = _model(torch.float32).train()
+    model.set_attn_implementation(registered)
+    ids = torch.tensor([[1, 5, 9, 17, 2, 4, 6]])
+    cu = torch.tensor([0, 4, 7], dtype=torch.int32)
+    out = model(input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2]]),
+                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
+    out.logits.sum().backward()
+    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
+    assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0

@@ -175,3 +175,39 @@ def test_the_backward_refuses_pages():
     import inspect
     assert "block_table" not in inspect.signature(attnx.varlen_attention_vjp).parameters
     assert "block_table" in inspect.signature(attnx.varlen_attention).parameters
+
+
+def test_every_row_of_per_sequence_sinks_and_slopes_is_checked(rng):
+    q, kp, vp, table, cq, ck, _, _ = _paged_case(rng, 4, np.float32, [1, 1], [3, 6])
+    for name in ("sinks", "alibi_slopes"):
+        bad = np.zeros((2, 4))
+        bad[1, 2] = np.nan
+        with pytest.raises(ValueError, match=f"{name} must be finite"):
+            attnx.varlen_attention(q, kp, vp, cq, ck, block_table=table, enable_gqa=True,
+                                   **{name: bad})
+        with pytest.raises(ValueError, match=rf"{name} must be \(Hq,\) = \(4,\) or \(N, Hq\)"):
+            attnx.varlen_attention(q, kp, vp, cq, ck, block_table=table, enable_gqa=True,
+                                   **{name: np.zeros((3, 4))})
+
+
+def test_no_sequences(rng):
+    q, kp, vp, table, _, _, _, _ = _paged_case(rng, 4, np.float32, [1], [3])
+    out, lse = attnx.varlen_attention(q[:0], kp, vp, [0], [0], block_table=table[:0],
+                                      sinks=[0.0, 1.0, 2.0, 3.0], enable_gqa=True,
+                                      return_lse=True)
+    assert out.shape == (0, 4, 16) and lse.shape == (4, 0)
+
+
+def test_the_glue_checks_cu_seqlens_and_pages(rng):
+    q, kp, vp, table, cq, ck, _, _ = _paged_case(rng, 4, np.float32, [1, 2], [5, 13])
+    q4 = np.ascontiguousarray(q.swapaxes(0, 1))[None]
+    out = np.zeros((1, 4, 3, 16), np.float32)
+    pools = kp.swapaxes(1, 2), vp.swapaxes(1, 2)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be nondecreasing from 0"):
+        _attnx.forward_varlen(q4, *pools, out, None, cq + 1, ck, table, _attnx.CAUSAL_NONE, 0.25)
+    empty = kp[:, :0].swapaxes(1, 2), vp[:, :0].swapaxes(1, 2)
+    with pytest.raises(ValueError, match="pages must hold at least one row"):
+        _attnx.forward_varlen(q4, *empty, out, None, cq, ck, table, _attnx.CAUSAL_NONE, 0.25)
+    with pytest.raises(ValueError, match="block_table: sequence 0 has 9223372036854775807 keys"):
+        _attnx.forward_varlen(q4, *pools, out, None, cq, np.array([0, 2 ** 63 - 1, 2 ** 63 - 1]),
+                              table, _attnx.CAUSAL_NONE, 0.25)

@@ -133,8 +133,9 @@ env_test() {
 }
 
 # ------------------------------------------ 2-3. the wheel, NumPy 1.26 at run time
-# (built against NumPy 2; the wheel on NumPy 2 at run time is what CI's
-# editable install and the newcomer's venv already run, so it is not repeated)
+# (built against NumPy 2. NumPy 2 at run time: CI's and the newcomer's editable
+# installs with torch, and the wheels of step 4 without it; the wheel itself on
+# NumPy 2 with torch is not run, to keep CI under 40 minutes)
 if [ -n "$WHEEL" ]; then
     PYV=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     # ------------------------------------------------ 3. NumPy 1.26 at run time

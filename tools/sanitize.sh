@@ -147,9 +147,9 @@ default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengt
 # the files the whole-suite run leaves out: they reach no C code that the
 # others do not (builds of the extension, notebooks and the newcomer's venv in
 # child processes, mypy, the benchmark's tables and plots), and take minutes
-# under the sanitizers
+# under the sanitizers (ATTNX_SANITIZE_FULL=all runs them too)
 not_c="tests/test_build.py tests/test_notebooks.py tests/test_newcomer.py tests/test_typing.py
-    tests/test_bench_docs.py tests/test_bench_plot.py tests/test_plot.py tests/test_docs.py"
+    tests/test_bench_docs.py tests/test_bench_plot.py tests/test_plot.py"
 ignored=()
 for f in $not_c; do
     [[ -e $tree/$f ]] || { echo "sanitize: $f (not_c) does not exist" >&2; exit 1; }
@@ -168,6 +168,7 @@ for isa in $isas; do
         continue
     fi
     what=(tests "${ignored[@]}")
+    [[ ${ATTNX_SANITIZE_FULL:-} == all ]] && what=(tests)
     [[ ${ATTNX_SANITIZE_FULL:-} == all || $isa == "$best" || ${#subset[@]} -eq 0 ]] || what=("${subset[@]}")
     echo "== pytest under ASan+UBSan, ATTNX_ISA=$isa: ${what[*]}"
     t0=$SECONDS

@@ -97,7 +97,9 @@ def install(name: str) -> None:
     def cache_update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor,
                      layer_idx: int, kwargs: Dict[str, Any]) -> Tuple[torch.Tensor, torch.Tensor]:
         allocator = self.layer_to_allocator[layer_idx]
-        if (self.config._attn_implementation not in NAMES or not isinstance(allocator, full)
+        # full-attention layers only: the sliding-window allocator (a subclass, a ring
+        # buffer whose update reads before it writes) keeps transformers' own update
+        if (self.config._attn_implementation not in NAMES or type(allocator) is not full
                 or kwargs.get("block_table") is not None
                 or layer_idx not in getattr(allocator, "_kv_token_views", {})):
             return _original_update(self, key_states, value_states, layer_idx, kwargs)  # type: ignore[no-any-return]
@@ -117,8 +119,10 @@ def install(name: str) -> None:
     cache.update = cache_update
 
 
-#: the last read_index, its cu_seqlens_k and page size, and their pages (every
-#: layer of a step reads the same index: its pages are found once a step)
+#: the last read_index, its cu_seqlens_k and page size, and their pages, as one
+#: tuple replaced whole (every layer of a step reads the same index: its pages
+#: are found once a step; a reader holds its own reference, whatever another
+#: thread's continuous batching stores meanwhile)
 _last_table: Dict[str, Any] = {}
 
 
@@ -150,12 +154,13 @@ def _table_for(rows: CacheRows, ck: NDArray[np.int64]) -> Optional[NDArray[np.in
     value: the step's index tensor is a slice of a buffer transformers reuses,
     and inference tensors keep no version counter)."""
     ri = rows.read_index.numpy()
-    last = _last_table.get("index")
-    if not (last is not None and _last_table["page"] == rows.page_size
-            and np.array_equal(_last_table["ck"], ck) and np.array_equal(last, ri)):
-        _last_table.update(index=ri.copy(), ck=ck.copy(), page=rows.page_size,
-                           table=_block_table(ri, ck, rows.page_size))
-    table: Optional[NDArray[np.int64]] = _last_table["table"]
+    last = _last_table.get("entry")
+    if last is not None and last[2] == rows.page_size and np.array_equal(last[1], ck) \
+            and np.array_equal(last[0], ri):
+        table: Optional[NDArray[np.int64]] = last[3]
+        return table
+    table = _block_table(ri, ck, rows.page_size)
+    _last_table["entry"] = (ri.copy(), ck.copy(), rows.page_size, table)
     return table
 
 

@@ -74,7 +74,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     ``precision``: as in :func:`attnx.scaled_dot_product_attention` (set by
     :func:`register`).
     """
-    if "cu_seq_lens_q" in kwargs:       # continuous batching: requests packed along the queries
+    # continuous batching: requests packed along the queries, the cache's read_index
+    # given (padding-free training also passes cu_seq_lens_*, and takes the path below)
+    if "cu_seq_lens_q" in kwargs and "read_index" in kwargs:
         if kwargs.get("output_attentions"):
             raise ValueError("attnx: output_attentions=True is not available in continuous batching")
         sliding = kwargs.get("sliding_window")

@@ -102,7 +102,8 @@ static attnx_status check_pages(const attnx_problem *p, const char **field)
     if (!pg->table) return ATTNX_OK;
     if (pg->size < 1) return refuse(field, "pages.size", ATTNX_ERR_PAGE);
     if (p->Lk == 0 || p->B == 0 || p->Hk == 0) return ATTNX_OK;
-    const int64_t used = (p->Lk + pg->size - 1) / pg->size;
+    const int64_t used =
+        p->Lk / pg->size + (p->Lk % pg->size != 0); /* no overflow near INT64_MAX */
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t x = 0; x < used; x++) {
             const int32_t page = pg->table[b * pg->sb + x];

@@ -443,12 +443,16 @@ static const int64_t *cu_of(PyObject *obj, const char *name, npy_intp *n, npy_in
     }
     const int64_t *cu = PyArray_DATA(a);
     *n = PyArray_DIM(a, 0) - 1;
+    if (cu[0] != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be nondecreasing from 0", name);
+        return NULL;
+    }
     for (npy_intp i = 0; i < *n; i++)
-        if (cu[i] < 0 || cu[i + 1] < cu[i]) {
+        if (cu[i + 1] < cu[i]) {
             PyErr_Format(PyExc_ValueError, "%s must be nondecreasing from 0", name);
             return NULL;
         }
-    if (cu[0] < 0 || cu[*n] > total) {
+    if (cu[*n] > total) {
         PyErr_Format(PyExc_ValueError, "%s ends at %lld, past the %zd rows", name,
                      (long long)cu[*n], total);
         return NULL;
@@ -551,13 +555,16 @@ static PyObject *py_forward_varlen(PyObject *self, PyObject *args)
     all.q_bf16 = q_bf16;
     for (npy_intp i = 0; i < n; i++) { /* every sequence checked before any runs */
         const attnx_problem p = sequence_problem(&all, i, cu_q, cu_k, table, cols);
-        if (table && (p.Lk + S - 1) / (S > 0 ? S : 1) > cols)
+        if (table && S > 0 && p.Lk / S + (p.Lk % S != 0) > cols)
             return PyErr_Format(PyExc_ValueError,
                                 "block_table: sequence %zd has %lld keys, more than its %zd "
                                 "pages of %zd rows hold",
                                 i, (long long)p.Lk, cols, S);
         const char *field = NULL;
         const attnx_status st = attnx_check_problem(&p, &field);
+        if (st == ATTNX_ERR_PAGE && field && strcmp(field, "pages.size") == 0)
+            return PyErr_Format(PyExc_ValueError, "pages must hold at least one row (k has %zd)",
+                                S);
         if (st == ATTNX_ERR_PAGE)
             return PyErr_Format(PyExc_ValueError,
                                 "block_table: sequence %zd names a page outside [0, %zd) (the "
