@@ -243,6 +243,7 @@ def test_a_bad_precision_is_refused_by_name(rng, bad):
 
 
 def test_transformers_register_checks_and_passes_precision():
+    pytest.importorskip("transformers")
     tr = pytest.importorskip("attnx.integrations.transformers")
     with pytest.raises(ValueError, match='precision must be "highest" or "medium"'):
         tr.register("attnx-bad", precision="fp8")
