@@ -23,17 +23,20 @@ from . import _attnx
 from ._args import (F32, attention_args, check_alibi_range, float_array, integer_array,
                     is_bfloat16, shape_str, small_float_array, unit_last_stride)
 
-__all__ = ["paged_forward"]
+__all__ = ["cu_seqlens", "paged_forward"]
 
 
-def _cu(x: object, name: str, total: Optional[int]) -> NDArray[np.int64]:
-    """cu_seqlens: 1-D integers from 0, non-decreasing, ending at ``total`` (None: anywhere)."""
+def cu_seqlens(x: object, name: str, total: Optional[int]) -> NDArray[np.int64]:
+    """``cu_seqlens`` checked: 1-D integers, starting at 0, non-decreasing, ending at
+    ``total`` (None: anywhere, as cu_seqlens_k with pages). A private int64 copy:
+    the core reads it without the GIL. (attnx._varlen's packed batches use it too.)"""
     a = integer_array(x, name)
     if a.ndim != 1 or a.shape[0] < 1:
         raise ValueError(f"{name} must be 1-D (N+1,) with at least one entry; got shape {shape_str(a)}")
     if a.size and a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} holds {a.max()}, beyond int64")
-    c = np.array(a, dtype=np.int64)          # a private copy: the core reads it without the GIL
+        raise ValueError(f"{name} holds {a.max()}, beyond any packed length (int64); got "
+                         f"{a.tolist()}")
+    c = np.array(a, dtype=np.int64)
     if c[0] != 0:
         raise ValueError(f"{name} must start at 0; got {c[0]}")
     if np.any(np.diff(c) < 0):
@@ -115,8 +118,8 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
         raise ValueError(f"query must be packed (total, H, E); got shape {shape_str(q)}")
     kp, vp = _pools(key, value)
     num_blocks, Hk, block_size = kp.shape[:3]
-    cq = _cu(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
-    ck = _cu(cu_seqlens_k, "cu_seqlens_k", None)
+    cq = cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
+    ck = cu_seqlens(cu_seqlens_k, "cu_seqlens_k", None)
     if cq.shape != ck.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (N+1); got "
                          f"{cq.shape[0]} and {ck.shape[0]}")

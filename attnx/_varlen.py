@@ -21,6 +21,7 @@ from ._args import (F32, Alignment, ArrayInput, Causal, Precision, Window, as_ar
 from ._functional import CALL_THREADS, scaled_dot_product_attention
 from ._grad import AttentionGrads, scaled_dot_product_attention_backward
 from ._options import Variants, check_names, names, takes
+from ._paged import cu_seqlens as _cu_seqlens
 from ._paged import paged_forward
 from ._saved import Fingerprints
 
@@ -31,24 +32,6 @@ __all__ = ["varlen_attention", "varlen_attention_vjp", "pack", "unpack"]
 
 #: the keywords of the varlen functions' **options
 VARIANTS = names(Variants)
-
-
-def _cu_seqlens(x: object, name: str, total: int) -> NDArray[np.int64]:
-    """``cu_seqlens`` checked: 1-D integers, starting at 0, non-decreasing, ending at ``total``."""
-    a = integer_array(x, name)
-    if a.ndim != 1 or a.shape[0] < 1:
-        raise ValueError(f"{name} must be 1-D (N+1,) with at least one entry; got shape {shape_str(a)}")
-    if a.size and a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} holds {a.max()}, beyond any packed length (int64); got "
-                         f"{a.tolist()}")
-    c = a.astype(np.int64)
-    if c[0] != 0:
-        raise ValueError(f"{name} must start at 0; got {c[0]}")
-    if np.any(np.diff(c) < 0):
-        raise ValueError(f"{name} must be non-decreasing; got {c.tolist()}")
-    if c[-1] != total:
-        raise ValueError(f"{name} must end at the packed length {total}; got {c[-1]}")
-    return c
 
 
 def _per_sequence(x: object, name: str, n: int) -> Callable[[int], Optional[NDArray[Any]]]:

@@ -169,9 +169,9 @@ def test_the_core_refuses_a_bad_table_itself(rng):
     assert not (out == 7.0).any()
 
 
-def test_the_backward_refuses_pages():
-    """Pages are forward-only: the C core refuses a backward problem with them
-    (the vjp takes no block_table)."""
+def test_pages_are_forward_only_in_the_api():
+    """Pages are forward-only: varlen_attention takes a block_table, its vjp
+    does not (the C core's refusal of a backward with pages is tests/c's)."""
     import inspect
     assert "block_table" not in inspect.signature(attnx.varlen_attention_vjp).parameters
     assert "block_table" in inspect.signature(attnx.varlen_attention).parameters

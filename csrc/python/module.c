@@ -494,6 +494,32 @@ static attnx_problem sequence_problem(const attnx_problem *all, npy_intp i, cons
     return p;
 }
 
+/* Sequence i's problem as the core checks it (pools of P pages of S rows, a
+ * table of cols columns, or table NULL): 1, or 0 with an exception naming it. */
+static int sequence_ok(const attnx_problem *p, npy_intp i, npy_intp P, npy_intp S, npy_intp cols,
+                       PyObject *scale_obj)
+{
+    if (p->pages.table && S > 0 && p->Lk / S + (p->Lk % S != 0) > cols) {
+        PyErr_Format(PyExc_ValueError,
+                     "block_table: sequence %zd has %lld keys, more than its %zd pages of %zd "
+                     "rows hold",
+                     i, (long long)p->Lk, cols, S);
+        return 0;
+    }
+    const char *field = NULL;
+    const attnx_status st = attnx_check_problem(p, &field);
+    if (st == ATTNX_ERR_PAGE && field && strcmp(field, "pages.size") == 0)
+        PyErr_Format(PyExc_ValueError, "pages must hold at least one row (k has %zd)", S);
+    else if (st == ATTNX_ERR_PAGE)
+        PyErr_Format(PyExc_ValueError,
+                     "block_table: sequence %zd names a page outside [0, %zd) (the pool holds "
+                     "%zd pages of %zd rows)",
+                     i, P, P, S);
+    else if (st != ATTNX_OK)
+        raise_refusal(st, field, p, scale_obj);
+    return st == ATTNX_OK;
+}
+
 static PyObject *py_forward_varlen(PyObject *self, PyObject *args)
 {
     PyObject *q, *k, *v, *out, *lse, *cuq_obj, *cuk_obj, *table_obj, *variant = Py_None;
@@ -553,31 +579,16 @@ static PyObject *py_forward_varlen(PyObject *self, PyObject *args)
     all.scale = (float)scale;
     all.num_threads = threads > 0 ? threads : 0;
     all.q_bf16 = q_bf16;
-    for (npy_intp i = 0; i < n; i++) { /* every sequence checked before any runs */
-        const attnx_problem p = sequence_problem(&all, i, cu_q, cu_k, table, cols);
-        if (table && S > 0 && p.Lk / S + (p.Lk % S != 0) > cols)
-            return PyErr_Format(PyExc_ValueError,
-                                "block_table: sequence %zd has %lld keys, more than its %zd "
-                                "pages of %zd rows hold",
-                                i, (long long)p.Lk, cols, S);
-        const char *field = NULL;
-        const attnx_status st = attnx_check_problem(&p, &field);
-        if (st == ATTNX_ERR_PAGE && field && strcmp(field, "pages.size") == 0)
-            return PyErr_Format(PyExc_ValueError, "pages must hold at least one row (k has %zd)",
-                                S);
-        if (st == ATTNX_ERR_PAGE)
-            return PyErr_Format(PyExc_ValueError,
-                                "block_table: sequence %zd names a page outside [0, %zd) (the "
-                                "pool holds %zd pages of %zd rows)",
-                                i, P, P, S);
-        if (st != ATTNX_OK) return raise_refusal(st, field, &p, PyTuple_GET_ITEM(args, 9));
-    }
     attnx_problem *problems = PyMem_Malloc(sizeof(attnx_problem) * (size_t)(n > 0 ? n : 1));
     if (!problems) return PyErr_NoMemory();
     npy_intp m = 0;
-    for (npy_intp i = 0; i < n; i++) { /* the sequences with queries */
+    for (npy_intp i = 0; i < n; i++) { /* every sequence checked before any runs */
         const attnx_problem p = sequence_problem(&all, i, cu_q, cu_k, table, cols);
-        if (p.Lq > 0) problems[m++] = p;
+        if (!sequence_ok(&p, i, P, S, cols, PyTuple_GET_ITEM(args, 9))) {
+            PyMem_Free(problems);
+            return NULL;
+        }
+        if (p.Lq > 0) problems[m++] = p; /* the sequences with queries run */
     }
     attnx_status st;
     Py_BEGIN_ALLOW_THREADS
