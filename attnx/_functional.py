@@ -279,13 +279,27 @@ def scaled_dot_product_attention(
     check_names(options, OPTIONS, "scaled_dot_product_attention")
     p = attention_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                        **options).astype(np.float32, half_kv=True)
+    return forward(p, need_weights, return_lse)
+
+
+def forward(p: AttentionArgs, need_weights: bool, return_lse: bool,
+            int8_kv: Optional[Tuple[Any, Any]] = None) -> _Result:
+    """The forward of checked arguments (``p`` as ``astype(np.float32,
+    half_kv=True)`` gives them): outputs allocated, the core called.
+    ``int8_kv``: keys and values of an int8 cache, the core's
+    ``((k int8 (B, Hk, Lk, E), k_scale (B, Hk, Lk, 1)), (v..., v_scale...))``,
+    read instead of ``p.k`` and ``p.v`` (which then only give the shapes);
+    ``p`` must then be 4-D (one core call)."""
     out_shape = p.out_shape
     out = np.empty(p.caller_shape(out_shape), np.float32)
     weights = np.empty(p.scores_shape, np.float32) if need_weights else None
     lse = np.empty(out_shape[:-1], np.float32) if return_lse else None
     out_view, lse_view = p.core_view(out), None if lse is None else lse[..., None]
+    if int8_kv is not None and len(p.batch_shape) != 1:
+        raise ValueError("int8 keys and values need 4-D arguments")  # (a bug of the caller's)
     for c in _core_calls(p, out_view, weights, lse_view):
-        _attnx.forward(c.q, c.k, c.v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
+        k, v = (c.k, c.v) if int8_kv is None else int8_kv
+        _attnx.forward(c.q, k, v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
                        p.causal, p.scale, c.lse, c.variant, CALL_THREADS.get(), p.q_bfloat16)
     if weights is None and lse is None:
         return out

@@ -7,15 +7,18 @@ from typing import Any, Literal, Optional, SupportsIndex, Tuple, Union, overload
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from ._args import as_array, float_array, is_bfloat16, nonnegative_int, positive_int, shape_str
-from ._functional import scaled_dot_product_attention
+from ._args import (as_array, attention_args, check_flag, float_array, is_bfloat16, nonnegative_int,
+                    positive_int, shape_str)
+from ._functional import OPTIONS, forward, scaled_dot_product_attention
+from ._options import check_names
 
 __all__ = ["KVCache"]
 
 
 def _cache_dtype(dtype: object) -> np.dtype[Any]:
-    """The cache's dtype: float32, float16 or bfloat16 (ml_dtypes', also as "bfloat16")."""
-    want = "float32, float16 or bfloat16"
+    """The cache's dtype: float32, float16, bfloat16 (ml_dtypes', also as
+    "bfloat16") or int8."""
+    want = "float32, float16, bfloat16 or int8"
     if dtype is None:           # np.dtype(None) would be float64
         raise TypeError(f"dtype must be {want}; got None")
     if isinstance(dtype, str) and dtype == "bfloat16":
@@ -30,9 +33,37 @@ def _cache_dtype(dtype: object) -> np.dtype[Any]:
         dt: np.dtype[Any] = np.dtype(dtype)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"dtype must be {want}; got {dtype!r}") from None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float16)) and not is_bfloat16(dt):
+    if dt not in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int8)) \
+            and not is_bfloat16(dt):
         raise TypeError(f"dtype must be {want}; got {dt}")
     return dt
+
+
+def quantize_rows(a: NDArray[Any], name: str) -> Tuple[NDArray[np.int8], NDArray[np.float32]]:
+    """Rows (..., E) of a finite float array as int8 values and a float32 scale
+    a row, symmetric, rounded to nearest (ties to even): ``scale = max|x| / 127``
+    (rounded up to float32) and ``x ≈ scale * q``, within ``scale / 2`` before
+    the product's own float32 rounding, so within ``max|x| / 254`` of the row
+    (to a relative 2e-5 of that bound). A row of zeros has scale 0. NaN or inf
+    raise ValueError naming ``name`` and where."""
+    x = a.astype(np.float64)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} holds {a[at]} at {at}, which an int8 cache cannot store "
+                         f"(its values must be finite); nothing was written")
+    top = np.abs(x).max(axis=-1) / 127.0 if x.shape[-1] else np.zeros(x.shape[:-1])
+    scale = top.astype(np.float32)
+    low = scale.astype(np.float64) < top       # rounded down: |x| / scale could pass 127
+    scale[low] = np.nextafter(scale[low], np.float32(np.inf))
+    with np.errstate(over="ignore"):       # near float32's largest, 127 · scale must stay finite
+        over = ~np.isfinite(scale * np.float32(127))
+        while over.any():
+            scale[over] = np.nextafter(scale[over], np.float32(0))
+            over = ~np.isfinite(scale * np.float32(127))
+    s = scale.astype(np.float64)[..., None]
+    q = np.rint(np.divide(x, s, out=np.zeros_like(x), where=s > 0))
+    return np.clip(q, -127, 127).astype(np.int8), scale
 
 
 class KVCache:
@@ -41,10 +72,20 @@ class KVCache:
     ``k`` (batch, heads, max_len, head_dim) and ``v`` (batch, heads, max_len,
     value_dim) are allocated once and never reallocated; ``lengths`` (batch,)
     int64 says how many tokens each sequence holds. ``dtype`` float32,
-    float16 or bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``; needs
-    ml_dtypes): 16-bit caches take half the memory and are read in place;
-    attention is computed in float32 on the stored values, and appended
-    values are rounded to nearest, ties to even.
+    float16, bfloat16 (``ml_dtypes.bfloat16`` or ``"bfloat16"``; needs
+    ml_dtypes) or int8 (``np.int8`` or ``"int8"``): 16-bit caches take half the
+    memory and are read in place; attention is computed in float32 on the
+    stored values, and appended values are rounded to nearest, ties to even.
+
+    An int8 cache takes a quarter of float32's memory and a float32 scale a
+    (token, head) row: ``k_scale`` (batch, heads, max_len) and ``v_scale``
+    beside ``k`` and ``v``; row ``k[b, h, t]`` stands for ``k_scale[b, h, t] *
+    k[b, h, t]`` (its "dequantized" values, the product rounded to float32).
+    Each appended row is quantized symmetrically, ``scale = max|x| / 127``,
+    rounded to nearest: every value within ``max|x| / 254`` of what was
+    appended. Attention reads the int8
+    values and scales in place, in float32 arithmetic. For the other dtypes
+    ``k_scale`` and ``v_scale`` are None.
 
     Example
     -------
@@ -76,6 +117,11 @@ class KVCache:
                              f"max_len={self.max_len} x (head_dim={self.head_dim} + value_dim="
                              f"{self.value_dim}) elements of {dt}") from None
         self.lengths: NDArray[np.int64] = np.zeros(self.batch, np.int64)
+        self.k_scale: Optional[NDArray[np.float32]] = None
+        self.v_scale: Optional[NDArray[np.float32]] = None
+        if dt == np.int8:
+            self.k_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
+            self.v_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
 
     def __repr__(self) -> str:
         return (f"KVCache(batch={self.batch}, heads={self.heads}, max_len={self.max_len}, "
@@ -93,14 +139,17 @@ class KVCache:
         n = n.astype(np.int64, copy=False)
         return n if n.flags.writeable else n.copy()     # append updates it in place
 
-    def _new(self, x: object, name: str, width: int) -> NDArray[Any]:
-        """x as an array of the cache's dtype, (batch, heads, n, width)."""
+    def _new(self, x: object, name: str, width: int) -> Tuple[NDArray[Any], Optional[NDArray[Any]]]:
+        """x as an array of the cache's dtype, (batch, heads, n, width), and its
+        scales (batch, heads, n) for an int8 cache (else None)."""
         a = float_array(x, name)
         if a.ndim != 4 or a.shape[:2] != (self.batch, self.heads) or a.shape[3] != width:
             raise ValueError(f"{name} must be (batch, heads, n, {width}) = ({self.batch}, "
                              f"{self.heads}, n, {width}); got {shape_str(a)}")
+        if self.k.dtype == np.int8:
+            return quantize_rows(a, name)
         if self.k.dtype == a.dtype:
-            return a
+            return a, None
         with np.errstate(over="ignore"):
             stored = a.astype(self.k.dtype)
         overflow = np.isinf(stored) & np.isfinite(a)
@@ -111,17 +160,18 @@ class KVCache:
             raise ValueError(f"{name} holds finite values beyond {name_dt}'s range (|x| up to "
                              f"{biggest:g} > {limit:g}), which a {name_dt} cache would store as "
                              f"inf; scale them or use dtype=np.float32")
-        return stored
+        return stored, None
 
     def append(self, k_new: object, v_new: object) -> None:
         """Write n new tokens of every sequence after its last one, in place.
 
         k_new (batch, heads, n, head_dim), v_new (batch, heads, n, value_dim).
         Raises ValueError, writing nothing, when a sequence would pass max_len,
-        or when a float16 or bfloat16 cache would turn a finite value into inf.
+        when a float16 or bfloat16 cache would turn a finite value into inf, or
+        when an int8 cache is given NaN or inf.
         """
-        k = self._new(k_new, "k_new", self.head_dim)
-        v = self._new(v_new, "v_new", self.value_dim)
+        k, ks = self._new(k_new, "k_new", self.head_dim)
+        v, vs = self._new(v_new, "v_new", self.value_dim)
         n = k.shape[2]
         if v.shape[2] != n:
             raise ValueError(f"k_new and v_new must hold the same number of tokens; got "
@@ -134,6 +184,10 @@ class KVCache:
             at = int(lengths[b])
             self.k[b, :, at:at + n] = k[b]
             self.v[b, :, at:at + n] = v[b]
+            if self.k_scale is not None and self.v_scale is not None \
+                    and ks is not None and vs is not None:
+                self.k_scale[b, :, at:at + n] = ks[b]
+                self.v_scale[b, :, at:at + n] = vs[b]
         lengths += n             # in place: the cache's own array, unless a caller replaced it
         self.lengths = lengths
 
@@ -188,9 +242,8 @@ class KVCache:
         lengths = self._lengths()
         if self.batch and (lengths == lengths[0]).all():
             L = int(lengths[0])       # one call over the filled part: views, no copy
-            return scaled_dot_product_attention(qa, self.k[:, :, :L], self.v[:, :, :L], **kw)
-        parts = [scaled_dot_product_attention(qa[b:b + 1], self.k[b:b + 1, :, :int(n)],
-                                              self.v[b:b + 1, :, :int(n)], **self._row(kw, b))
+            return self._attend(qa, slice(None), L, kw)
+        parts = [self._attend(qa[b:b + 1], slice(b, b + 1), int(n), self._row(kw, b))
                  for b, n in enumerate(lengths)]
         if not isinstance(parts[0], tuple):
             return np.concatenate(parts)
@@ -199,6 +252,26 @@ class KVCache:
             parts = [(p[0], np.pad(p[1], [(0, 0)] * 3 + [(0, L - p[1].shape[3])])) + p[2:]
                      for p in parts]
         return tuple(np.concatenate(x) for x in zip(*parts))
+
+    def _attend(self, q: NDArray[Any], rows: slice, L: int, kw: dict[str, Any]) -> Any:
+        """Attention of q over the first L tokens of sequences ``rows``, read in place."""
+        k, v = self.k[rows, :, :L], self.v[rows, :, :L]
+        if self.k_scale is None or self.v_scale is None:
+            return scaled_dot_product_attention(q, k, v, **kw)
+        opts = dict(kw)
+        need_weights = check_flag(opts.pop("need_weights", False), "need_weights")
+        return_lse = check_flag(opts.pop("return_lse", False), "return_lse")
+        check_names(opts, OPTIONS | {"is_causal", "enable_gqa", "scale", "dropout_p"},
+                    "KVCache.attend")
+        is_causal, enable_gqa = opts.pop("is_causal"), opts.pop("enable_gqa")
+        scale, dropout_p = opts.pop("scale", None), opts.pop("dropout_p", 0.0)
+
+        def shape_only(a: NDArray[Any]) -> NDArray[np.float32]:   # float32 zeros, no memory
+            return np.broadcast_to(np.zeros(a.shape[-1], np.float32), a.shape)
+        p = attention_args(q, shape_only(k), shape_only(v), None, dropout_p, is_causal, scale,
+                           enable_gqa, **opts).astype(np.float32, half_kv=True)
+        int8_kv = ((k, self.k_scale[rows, :, :L, None]), (v, self.v_scale[rows, :, :L, None]))
+        return forward(p, need_weights, return_lse, int8_kv)
 
     def _row(self, kw: dict[str, Any], b: int) -> dict[str, Any]:
         """Sequence b's options: row b of a per-sequence sinks/alibi_slopes

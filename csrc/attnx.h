@@ -122,6 +122,17 @@ typedef struct {
     int64_t num_pages; /* pages in the pool */
 } attnx_pages;
 
+/* A read-only array of int8 values with a float32 scale a row (an int8 KV
+ * cache): element (b, h, l, e) stands for scale[b*ssb + h*ssh + l*ssl] *
+ * data[b*sb + h*sh + l*sl + e], the product rounded to float32 (the
+ * "dequantized" value); strides in elements, the last axis contiguous. */
+typedef struct {
+    const int8_t *data;
+    int64_t sb, sh, sl;
+    const float *scale;
+    int64_t ssb, ssh, ssl;
+} attnx_i8_tensor;
+
 /* The format of 16-bit keys and values: IEEE binary16, or bfloat16 (the top
  * half of a float32: sign, 8 exponent bits, 7 mantissa bits). */
 typedef enum { ATTNX_HALF_F16 = 0, ATTNX_HALF_BF16 } attnx_half_format;
@@ -186,7 +197,15 @@ typedef struct {
      * the float32 path. */
     int q_bf16;
     int precision;     /* attnx_precision */
-    attnx_pages pages; /* table NULL: k, v (k16, v16) are (B, Hk, Lk, .) arrays */
+    attnx_pages pages; /* table NULL: k, v (k16, v16, k8, v8) are (B, Hk, Lk, .) arrays */
+    /* Keys and values in int8 with a float32 scale a row (an int8 KV cache),
+     * forward only: when k8.data is set, k8 and v8 are read (k, v, k16, v16
+     * are not). Scores are scale_j · (q · k8_j), summed in float32 over the
+     * exact int8 values; P·V sums (p_ij · vscale_j) · v8_j. A few query rows
+     * (decoding) read them in place; larger blocks convert tile by tile to
+     * the dequantized float32 values (scale · int8, rounded) in scratch. With
+     * pages, the scales lie in pages too: (num_pages, size) rows of ssb, ssl. */
+    attnx_i8_tensor k8, v8;
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only

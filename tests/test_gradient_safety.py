@@ -321,7 +321,7 @@ def test_alibi_slopes_whose_bias_overflows_are_refused(rng, align):
     (lambda q: attnx.unpack(np.ones((3, 2)), [0, 3], max_len="9"), TypeError,
      "max_len must be a non-negative integer; got str '9'"),
     (lambda q: attnx.KVCache(1, 1, 4, 4, dtype=None), TypeError,
-     "dtype must be float32, float16 or bfloat16; got None"),
+     "dtype must be float32, float16, bfloat16 or int8; got None"),
     (lambda q: attnx.varlen_attention(q[0, 0, :3, None], q[0, 0, :3, None], q[0, 0, :3, None],
                                       np.array([0, 2 ** 64 - 1, 3], np.uint64), [0, 1, 3]),
      ValueError, "cu_seqlens_q holds 18446744073709551615"),

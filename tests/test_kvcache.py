@@ -363,8 +363,8 @@ def test_bad_attend_refused_naming_the_argument(rng, q_shape, dtype, kw, exc, wo
 
 
 @pytest.mark.parametrize("kw, exc, words", [
-    (dict(dtype=np.float64), TypeError, "dtype must be float32, float16 or bfloat16"),
-    (dict(dtype=np.int32), TypeError, "dtype must be float32, float16 or bfloat16"),
+    (dict(dtype=np.float64), TypeError, "dtype must be float32, float16, bfloat16 or int8"),
+    (dict(dtype=np.int32), TypeError, "dtype must be float32, float16, bfloat16 or int8"),
     (dict(batch=0), ValueError, "batch"),
     (dict(batch=1.5), TypeError, "batch"),
     (dict(heads=0), ValueError, "heads"),

@@ -135,6 +135,15 @@ static inline int in_one_page(const attnx_problem *p, int64_t j0, int64_t nk)
     return !p->pages.table || j0 % p->pages.size + nk <= p->pages.size;
 }
 
+/* Row j of head (b, hk) of an int8 tensor (k8 or v8), and in *scale its
+ * scale's address (the next rows' scales ssl apart, within one page). */
+static inline const int8_t *i8_row_at(const attnx_problem *p, const attnx_i8_tensor *t, int64_t b,
+                                      int64_t hk, int64_t j, const float **scale)
+{
+    *scale = t->scale + kv_offset(p, t->ssb, t->ssh, t->ssl, b, hk, j);
+    return t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j);
+}
+
 /* q, k and v all bfloat16 values: the bfloat16 dot path may take the
  * problem (plan.c), and the scratch has room for pv_bf16 (scratch.c). */
 static inline int all_bf16(const attnx_problem *p)

@@ -161,6 +161,14 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
         attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 1);
         return;
     }
+    if (p->k8.data && rows_layout(jb, it->nq) && in_one_page(p, j0, nk)) {
+        /* decoding an int8 cache: converted in registers, the scales after the sums */
+        const float *sc;
+        const int8_t *k = i8_row_at(p, &p->k8, it->b, it->hk, j0, &sc);
+        jb->run.kt->qk_dot_i8(s->qt, p->D, it->nq, k, p->k8.sl, sc, p->k8.ssl, nk, s->st, BK);
+        attnx_finish_tile(&jb->run, 1, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 0);
+        return;
+    }
     if (k16->data && rows_layout(jb, it->nq) && in_one_page(p, j0, nk)) {
         /* decoding a half cache: convert in registers */
         jb->run.kt->qk_dot_half(p->half_format, s->qt, p->D, it->nq, half_rows_at(p, k16, it, j0),
@@ -199,6 +207,13 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     }
     const int rows = rows_layout(jb, it->nq);
     const int64_t s_key = rows ? 1 : BQ, s_row = rows ? BK : 1; /* the tile's layout */
+    if (p->v8.data && rows && in_one_page(p, j0, nk)) {
+        const float *sc;
+        const int8_t *v = i8_row_at(p, &p->v8, it->b, it->hk, j0, &sc);
+        jb->run.kt->pv_i8(s->st, s_key, s_row, it->nq, v, p->v8.sl, sc, p->v8.ssl, nk, p->Dv,
+                          alpha, s->acc, jb->plan.ldacc);
+        return;
+    }
     if (p->v16.data && (rows || (jb->run.bf16_dots && jb->run.kt->pv_half_tiles)) &&
         in_one_page(p, j0, nk)) {
         const attnx_half_tensor *v = &p->v16;

@@ -73,7 +73,7 @@ void attnx_scratch_give_back(int tid, float *buf)
 
 /* kbuf and vbuf: a tile of keys and values converted from 16 bits, or
  * copied from several pages */
-static int staged_kv(const attnx_problem *p) { return p->k16.data || p->pages.table; }
+static int staged_kv(const attnx_problem *p) { return p->k16.data || p->k8.data || p->pages.table; }
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
                                     int split_pv, size_t *floats)

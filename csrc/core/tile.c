@@ -106,7 +106,12 @@ static void stage_pages(const attnx_run *r, int values, int64_t b, int64_t hk, i
     for (int64_t j = j0; j < j0 + nk;) {
         const int n = (int)min64(j0 + nk - j, p->pages.size - j % p->pages.size);
         float *to = buf + (j - j0) * width;
-        if (p->k16.data) {
+        if (p->k8.data) {
+            const attnx_i8_tensor *t = values ? &p->v8 : &p->k8;
+            const float *sc;
+            const int8_t *from = i8_row_at(p, t, b, hk, j, &sc);
+            r->kt->i8_rows(from, t->sl, sc, t->ssl, n, width, to);
+        } else if (p->k16.data) {
             const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
             r->kt->half_rows(p->half_format, t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j),
                              t->sl, n, width, to);
@@ -130,6 +135,14 @@ const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk
         *sl = width;
         return buf;
     }
+    if (p->k8.data) {
+        const attnx_i8_tensor *t = values ? &p->v8 : &p->k8;
+        const float *sc;
+        const int8_t *from = i8_row_at(p, t, b, hk, j0, &sc);
+        r->kt->i8_rows(from, t->sl, sc, t->ssl, nk, width, buf);
+        *sl = width;
+        return buf;
+    }
     if (p->k16.data) {
         const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
         r->kt->half_rows(p->half_format, t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j0),
@@ -144,6 +157,12 @@ const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk
 
 float attnx_kv_at(const attnx_problem *p, int values, int64_t b, int64_t hk, int64_t j, int64_t d)
 {
+    if (p->k8.data) {
+        const attnx_i8_tensor *t = values ? &p->v8 : &p->k8;
+        const float *sc;
+        const int8_t *row = i8_row_at(p, t, b, hk, j, &sc);
+        return *sc * (float)row[d];
+    }
     if (p->k16.data) {
         const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
         return attnx_half16_to_float(p->half_format,

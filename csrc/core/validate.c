@@ -52,7 +52,12 @@ static attnx_status check_pointers(const attnx_problem *p, int writes_out, const
     if (writes_out && !p->out.data && p->Dv > 0) return refuse(field, "out.data", ATTNX_ERR_NULL);
     if (!p->q.data && p->D > 0) return refuse(field, "q.data", ATTNX_ERR_NULL);
     if (p->Lk == 0) return ATTNX_OK;
-    if (p->k16.data) { /* half-precision keys and values replace k and v */
+    if (p->k8.data) { /* int8 keys and values replace k and v */
+        if (p->k16.data) return refuse(field, "k16.data", ATTNX_ERR_ARG); /* one format */
+        if (!p->k8.scale) return refuse(field, "k8.scale", ATTNX_ERR_NULL);
+        if (p->Dv > 0 && !p->v8.data) return refuse(field, "v8.data", ATTNX_ERR_NULL);
+        if (p->Dv > 0 && !p->v8.scale) return refuse(field, "v8.scale", ATTNX_ERR_NULL);
+    } else if (p->k16.data) { /* half-precision keys and values replace k and v */
         if (!p->v16.data && p->Dv > 0) return refuse(field, "v16.data", ATTNX_ERR_NULL);
     } else {
         if (!p->k.data && p->D > 0) return refuse(field, "k.data", ATTNX_ERR_NULL);
@@ -157,6 +162,7 @@ attnx_status attnx_check_grad_problem(const attnx_grad_problem *g, const char **
     const attnx_status st = check(&g->f, 0, field);
     if (st != ATTNX_OK) return st;
     if (g->f.k16.data) return refuse(field, "f.k16", ATTNX_ERR_ARG); /* forward only */
+    if (g->f.k8.data) return refuse(field, "f.k8", ATTNX_ERR_ARG);
     if (g->f.pages.table) return refuse(field, "f.pages", ATTNX_ERR_ARG);
     return check_grad_pointers(g, field);
 }

@@ -156,6 +156,31 @@ typedef struct attnx_kernels {
                     const uint16_t *v, int64_t v_sl, int nk, int64_t Dv, const float *alpha,
                     float *acc, int64_t ldacc);
 
+    /* int8 rows (an int8 KV cache) to their dequantized float32 values, for
+     * this and the next two kernels a row's value e standing for
+     * scale[j*s_sl] * x[j][e]:
+     *   dst[j*n + d] = scale[j*s_sl] * (float)src[j*src_sl + d]   (one rounding)
+     * src: (rows, n) int8, rows src_sl apart  scale: (rows) s_sl apart  dst: (rows, n) */
+    void (*i8_rows)(const int8_t *src, int64_t src_sl, const float *scale, int64_t s_sl, int rows,
+                    int64_t n, float *dst);
+
+    /* qk_dot for few queries (decoding) over int8 keys read in place: the
+     * dot products with the exact int8 values, summed as qk_dot sums, then
+     * times the key's scale:
+     *   st[i*ldk + j] = scale[j*s_sl] * sum_d qr[i*D + d] * (float)k[j*k_sl + d]
+     * qr: (nq, D)  k: (nk, D) int8 rows k_sl apart  scale: (nk) s_sl apart  st: (nq, ldk) */
+    void (*qk_dot_i8)(const float *qr, int64_t D, int nq, const int8_t *k, int64_t k_sl,
+                      const float *scale, int64_t s_sl, int nk, float *st, int64_t ldk);
+
+    /* pv over int8 values read in place (decoding), each probability first
+     * multiplied by its value's scale, then one FMA a term in key order:
+     *   acc[i][:] = alpha[i] * acc[i][:] + sum_j (pt[j*s_key + i*s_row] * scale[j*s_sl]) * v[j][:]
+     * (alpha NULL: no rescale). pt: as pv  v: (nk, Dv) int8 rows v_sl apart
+     * scale: (nk) s_sl apart  acc: (nq, ldacc) */
+    void (*pv_i8)(const float *pt, int64_t s_key, int64_t s_row, int nq, const int8_t *v,
+                  int64_t v_sl, const float *scale, int64_t s_sl, int nk, int64_t Dv,
+                  const float *alpha, float *acc, int64_t ldacc);
+
     /* Scores of bfloat16 queries and keys with bfloat16 dot products
      * (AVX512_BF16's vdpbf16ps), for a block of queries whose values are all
      * bfloat16 (attnx_pack_qt_bf16) against bfloat16 keys read in place; NULL

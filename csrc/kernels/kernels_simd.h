@@ -14,6 +14,7 @@
  *   V_MASK(n) V_LOAD_M(p,mk) V_STORE_M(p,mk,x)   first n lanes
  *   V_SEL_EQ(a,b,t,f)  lane-wise (a == b) ? t : f;  V_SEL_LT(a,b,t,f)  (a < b) ? t : f
  *   V_LOAD_HALF(p)  W IEEE halves (uint16_t *) as floats
+ *   V_LOAD_BF16(p)  W bfloat16 values;  V_LOAD_I8(p)  W int8 values (int8_t *) as floats
  *   V_DIV(a,b);  V_ANY_NOT_LT(a,b)  nonzero if some lane has !(a < b) (NaN included)
  *   V_ROUND(x)  to nearest integer;  V_POW2(n)  2^n for integral n in [-126, 127]
  *   optional: V_SCALE_ZERO_BELOW(y, n, x, lo)  V_ZERO_BELOW(y * 2^n, x, lo), when
@@ -105,18 +106,27 @@ static void SUFFIX(qk)(const float *qt, int64_t ldq, int nq, const float *k, int
  * in 16 bits converted as they are loaded (kind ROW_F16, ROW_BF16: the same
  * float operations on the same values, so the same bits as on converted rows). */
 
-/* What a row of keys or values holds: float32, or 16-bit floats of an
- * attnx_half_format (its code + 1). */
-enum { ROW_F32 = 0, ROW_F16 = 1 + ATTNX_HALF_F16, ROW_BF16 = 1 + ATTNX_HALF_BF16 };
+/* What a row of keys or values holds: float32, 16-bit floats of an
+ * attnx_half_format (its code + 1), or int8 (the values; the scale of the
+ * row is applied by the caller of these loads). */
+enum { ROW_F32 = 0, ROW_F16 = 1 + ATTNX_HALF_F16, ROW_BF16 = 1 + ATTNX_HALF_BF16, ROW_I8 };
+
+/* The bytes of an element of a row of that kind. */
+ATTNX_INLINE int64_t row_esize(const int kind)
+{
+    return kind == ROW_F32 ? 4 : kind == ROW_I8 ? 1 : 2;
+}
 
 /* The last n < W elements of key row x as a zero-padded vector: a masked
- * load, or the halves converted one by one into the lanes it would give. */
+ * load, or the elements converted one by one into the lanes it would give. */
 ATTNX_INLINE VF key_tail(const void *x, int n, VMASK mk, const int kind)
 {
     if (kind == ROW_F32) return V_LOAD_M((const float *)x, mk);
     float t[W];
     for (int l = 0; l < W; l++)
-        t[l] = l < n ? attnx_half16_to_float(kind - 1, ((const uint16_t *)x)[l]) : 0.0f;
+        t[l] = l >= n            ? 0.0f
+               : kind == ROW_I8 ? (float)((const int8_t *)x)[l]
+                                : attnx_half16_to_float(kind - 1, ((const uint16_t *)x)[l]);
     return V_LOAD(t);
 }
 
@@ -124,13 +134,14 @@ ATTNX_INLINE VF key_load(const void *x, const int kind)
 {
     return kind == ROW_F32    ? V_LOAD((const float *)x)
            : kind == ROW_BF16 ? V_LOAD_BF16((const uint16_t *)x)
+           : kind == ROW_I8   ? V_LOAD_I8((const int8_t *)x)
                               : V_LOAD_HALF((const uint16_t *)x);
 }
 
-/* Element e of key row j: k + (j * k_sl + e) elements of 4 or 2 bytes. */
+/* Element e of key row j: k + (j * k_sl + e) elements of row_esize bytes. */
 ATTNX_INLINE const void *key_at(const void *k, int64_t at, const int kind)
 {
-    return (const char *)k + at * (kind ? 2 : 4);
+    return (const char *)k + at * row_esize(kind);
 }
 
 /* Keys j0 .. j0+NK-1 (NK 1..4) against query rows i0 .. i0+MR-1 (MR 1..4):
@@ -227,7 +238,7 @@ ATTNX_INLINE void prefetch_row(const void *base, int64_t at, int64_t bytes)
 ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, int64_t k_sl,
                              int nk, float *st, int64_t ldk, const int kind)
 {
-    const int64_t esize = kind ? 2 : 4, ahead = rows_ahead(k_sl * esize);
+    const int64_t esize = row_esize(kind), ahead = rows_ahead(k_sl * esize);
     for (int j = 0; j < nk; j += 4) {
         for (int r = 0; r < 4; r++) prefetch_row(k, (j + ahead + r) * k_sl * esize, D * esize);
         for (int i = 0; i < nq; i += 4) {
@@ -257,6 +268,15 @@ static void SUFFIX(qk_dot_half)(int fmt, const float *qr, int64_t D, int nq, con
         qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldk, ROW_BF16);
     else
         qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldk, ROW_F16);
+}
+
+// qr: (nq, D)  k: (nk, D) int8, rows k_sl apart  scale: (nk)  st: (nq, ldk)
+static void SUFFIX(qk_dot_i8)(const float *qr, int64_t D, int nq, const int8_t *k, int64_t k_sl,
+                              const float *scale, int64_t s_sl, int nk, float *st, int64_t ldk)
+{
+    qk_dot_any(qr, D, nq, k, k_sl, nk, st, ldk, ROW_I8);
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++) st[i * ldk + j] *= scale[j * s_sl];
 }
 
 /* ---- online softmax, one query per lane ----------------------------------- */
@@ -571,12 +591,12 @@ static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t D
  * from zero and the sum added to acc at the end, so that acc, which gathers
  * the sums of many calls (dK, dV), takes one rounded term a call. */
 ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const float *pt,
-                           int64_t s_sum, int64_t s_row, const void *v, int64_t v_sl, int nk,
-                           const float *alpha, float *acc, int64_t ldacc, const int kind,
-                           const int pf, const int add)
+                           int64_t s_sum, int64_t s_row, const void *v, int64_t v_sl,
+                           const float *vs, int64_t vs_sl, int nk, const float *alpha, float *acc,
+                           int64_t ldacc, const int kind, const int pf, const int add)
 {
     const VMASK mk = V_MASK(tail ? tail : W);
-    const int64_t esize = kind ? 2 : 4, ahead = pf ? rows_ahead(v_sl * esize) : 0;
+    const int64_t esize = row_esize(kind), ahead = pf ? rows_ahead(v_sl * esize) : 0;
     VF a[PV_MR][PV_NV];
     for (int r = 0; r < MR; r++) {
         const VF s = alpha ? V_SET1(alpha[r]) : V_SET1(1.0f);
@@ -598,7 +618,8 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
             vv[c] = (tail && c == NV - 1) ? key_tail(x, tail, mk, kind) : key_load(x, kind);
         }
         for (int r = 0; r < MR; r++) {
-            const VF p = V_BCAST(pt + j * s_sum + r * s_row);
+            const VF p = kind == ROW_I8 ? V_MUL(V_BCAST(pt + j * s_sum + r * s_row), V_SET1(vs[j * vs_sl]))
+                                        : V_BCAST(pt + j * s_sum + r * s_row);
             for (int c = 0; c < NV; c++) a[r][c] = V_FMA(p, vv[c], a[r][c]);
         }
     }
@@ -617,17 +638,18 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
 #define PV_CASE(mr, nv)                                                                          \
     case (mr) * 8 + (nv):                                                                        \
         if (tail)                                                                                \
-            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, nk,  \
-                     al, ai + d0, ldacc, kind, pf, add);                                         \
+            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, vs,  \
+                     vs_sl, nk, al, ai + d0, ldacc, kind, pf, add);                              \
         else                                                                                     \
-            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, nk, al, \
-                     ai + d0, ldacc, kind, pf, add);                                             \
+            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, vs,     \
+                     vs_sl, nk, al, ai + d0, ldacc, kind, pf, add);                              \
         break;
 
 /* acc (nrow, ldacc) [+]= Σ_t pt[t*s_sum + r*s_row] · v[t*v_sl + :] over t < nsum
- * (add: the sum formed from zero, then added; see pv_block) */
+ * (add: the sum formed from zero, then added; see pv_block); int8 values
+ * (kind ROW_I8): each pt times vs[t*vs_sl] first */
 ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, const void *v,
-                         int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
+                         int64_t v_sl, const float *vs, int64_t vs_sl, int nk, int64_t Dv, const float *alpha, float *acc,
                          int64_t ldacc, const int kind, const int pf, const int add)
 {
     const int64_t nvec = (Dv + W - 1) / W;
@@ -653,9 +675,9 @@ static void SUFFIX(pv)(const float *pt, int64_t s_key, int64_t s_row, int nq, co
                        int64_t ldacc)
 {
     if (s_key == 1) /* a decoding tile: values streamed from memory, prefetched */
-        pv_any(pt, 1, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 1, 0);
+        pv_any(pt, 1, s_row, nq, v, v_sl, NULL, 0, nk, Dv, alpha, acc, ldacc, ROW_F32, 1, 0);
     else
-        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 0, 0);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, NULL, 0, nk, Dv, alpha, acc, ldacc, ROW_F32, 0, 0);
 }
 
 // pt: as pv  v: (nk, Dv) 16-bit, rows v_sl apart  acc: (nq, ldacc)
@@ -664,9 +686,17 @@ static void SUFFIX(pv_half)(int fmt, const float *pt, int64_t s_key, int64_t s_r
                             float *acc, int64_t ldacc)
 {
     if (fmt == ATTNX_HALF_BF16)
-        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_BF16, 1, 0);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, NULL, 0, nk, Dv, alpha, acc, ldacc, ROW_BF16, 1, 0);
     else
-        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F16, 1, 0);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, NULL, 0, nk, Dv, alpha, acc, ldacc, ROW_F16, 1, 0);
+}
+
+// pt: as pv  v: (nk, Dv) int8, rows v_sl apart  scale: (nk)  acc: (nq, ldacc)
+static void SUFFIX(pv_i8)(const float *pt, int64_t s_key, int64_t s_row, int nq, const int8_t *v,
+                          int64_t v_sl, const float *scale, int64_t s_sl, int nk, int64_t Dv,
+                          const float *alpha, float *acc, int64_t ldacc)
+{
+    pv_any(pt, s_key, s_row, nq, v, v_sl, scale, s_sl, nk, Dv, alpha, acc, ldacc, ROW_I8, 1, 0);
 }
 
 /* ---- backward: acc (nk rows) += Pᵀ-tile · x, each row's sum over the
@@ -675,7 +705,7 @@ static void SUFFIX(pv_half)(int fmt, const float *pt, int64_t s_key, int64_t s_r
 static void SUFFIX(ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl, int nk,
                         int64_t n, float *acc, int64_t ldacc)
 {
-    pv_any(pt, 1, ldq, nk, x, x_sl, nq, n, NULL, acc, ldacc, ROW_F32, 0, 1);
+    pv_any(pt, 1, ldq, nk, x, x_sl, NULL, 0, nq, n, NULL, acc, ldacc, ROW_F32, 0, 1);
 }
 
 /* ---- backward: dS = P ∘ (dP − d), one query per lane; exactly 0 where P is 0
@@ -772,6 +802,21 @@ static void SUFFIX(half_rows)(int fmt, const uint16_t *src, int64_t src_sl, int 
     }
 }
 
+/* ---- int8 rows to their dequantized float32 values, W at a time (V_LOAD_I8) ---- */
+// src: (rows, n) int8, rows src_sl apart  scale: (rows)  dst: (rows, n)
+static void SUFFIX(i8_rows)(const int8_t *src, int64_t src_sl, const float *scale, int64_t s_sl,
+                            int rows, int64_t n, float *dst)
+{
+    for (int j = 0; j < rows; j++) {
+        const int8_t *s = src + j * src_sl;
+        const float c = scale[j * s_sl];
+        float *d = dst + j * n;
+        int64_t e = 0;
+        for (; e + W <= n; e += W) V_STORE(d + e, V_MUL(V_SET1(c), V_LOAD_I8(s + e)));
+        for (; e < n; e++) d[e] = c * (float)s[e];
+    }
+}
+
 /* ---- the FMA peak ------------------------------------------------------------ */
 static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
 {
@@ -813,6 +858,9 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
     .half_rows = SUFFIX(half_rows),                   \
     .qk_dot_half = SUFFIX(qk_dot_half),               \
     .pv_half = SUFFIX(pv_half),                       \
+    .i8_rows = SUFFIX(i8_rows),                       \
+    .qk_dot_i8 = SUFFIX(qk_dot_i8),                   \
+    .pv_i8 = SUFFIX(pv_i8),                           \
     .fma_burn = SUFFIX(fma_burn)
 // clang-format on
 

@@ -33,6 +33,15 @@
 #define V_LOAD_HALF(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
 /* bfloat16 to float32: each 16 bits widened and shifted to the top half */
 #define V_LOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
+/* 4 int8 values, widened twice and converted (exact); the 4 bytes read as one word */
+static inline float32x4_t load_i8_neon(const int8_t *p)
+{
+    int32_t w;
+    memcpy(&w, p, 4);
+    const int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(w)));
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
+}
+#define V_LOAD_I8(p) load_i8_neon(p)
 #define V_ROUND(x) vrndnq_f32(x)
 #define V_POW2(n) \
     vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23))

@@ -441,6 +441,44 @@ static void pv_half_scalar(int fmt, const float *pt, int64_t s_key, int64_t s_ro
     }
 }
 
+// src: (rows, n) int8, rows src_sl apart  scale: (rows)  dst: (rows, n)
+static void i8_rows_scalar(const int8_t *src, int64_t src_sl, const float *scale, int64_t s_sl,
+                           int rows, int64_t n, float *dst)
+{
+    for (int j = 0; j < rows; j++)
+        for (int64_t d = 0; d < n; d++) dst[j * n + d] = scale[j * s_sl] * (float)src[j * src_sl + d];
+}
+
+// qr: (nq, D)  k: (nk, D) int8, rows k_sl apart  scale: (nk)  st: (nq, ldk)
+static void qk_dot_i8_scalar(const float *qr, int64_t D, int nq, const int8_t *k, int64_t k_sl,
+                             const float *scale, int64_t s_sl, int nk, float *st, int64_t ldk)
+{
+    for (int j = 0; j < nk; j++)
+        for (int i = 0; i < nq; i++) {
+            float sum = 0.0f;
+            for (int64_t d = 0; d < D; d++) sum += qr[i * D + d] * (float)k[j * k_sl + d];
+            st[i * ldk + j] = scale[j * s_sl] * sum;
+        }
+}
+
+// pt: element (j, i) at pt[j*s_key + i*s_row]  v: (nk, Dv) int8, rows v_sl apart
+// scale: (nk)  acc: (nq, ldacc)
+static void pv_i8_scalar(const float *pt, int64_t s_key, int64_t s_row, int nq, const int8_t *v,
+                         int64_t v_sl, const float *scale, int64_t s_sl, int nk, int64_t Dv,
+                         const float *alpha, float *acc, int64_t ldacc)
+{
+    for (int i = 0; i < nq; i++) {
+        float *ai = acc + i * ldacc;
+        if (alpha)
+            for (int64_t d = 0; d < Dv; d++) ai[d] *= alpha[i];
+        for (int j = 0; j < nk; j++) {
+            const float p = pt[j * s_key + i * s_row] * scale[j * s_sl];
+            const int8_t *vj = v + j * v_sl;
+            for (int64_t d = 0; d < Dv; d++) ai[d] += p * (float)vj[d];
+        }
+    }
+}
+
 static double fma_burn_scalar(int64_t rounds, float *sink)
 {
     float a[ATTNX_PEAK_CHAINS];
@@ -474,5 +512,8 @@ const attnx_kernels attnx_kernels_scalar = {
     .half_rows = half_rows_scalar,
     .qk_dot_half = qk_dot_half_scalar,
     .pv_half = pv_half_scalar,
+    .i8_rows = i8_rows_scalar,
+    .qk_dot_i8 = qk_dot_i8_scalar,
+    .pv_i8 = pv_i8_scalar,
     .fma_burn = fma_burn_scalar,
 };

@@ -156,6 +156,36 @@ static int fill_in_half(attnx_half_tensor *t, PyObject *a, const char *name,
     return 1;
 }
 
+/* An int8 operand with its scales, the tuple (x, scale): x int8 of the given
+ * shape, scale float32 (B, H, L, 1), x[b, h, l, :] standing for
+ * scale[b, h, l, 0] * x[b, h, l, :] (an int8 KV cache). */
+static int fill_in_i8(attnx_i8_tensor *t, PyObject *pair, const char *name,
+                      const npy_intp shape[4])
+{
+    if (PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_Format(PyExc_TypeError, "%s must be an array, or a tuple (int8 values, scales)",
+                     name);
+        return 0;
+    }
+    PyObject *x = PyTuple_GET_ITEM(pair, 0), *sc = PyTuple_GET_ITEM(pair, 1);
+    if (!check_type(x, name, "") || !check_dtype((PyArrayObject *)x, name, NPY_INT8) ||
+        !check_shape((PyArrayObject *)x, name, shape))
+        return 0;
+    const npy_intp sshape[4] = {dim(x, 0), dim(x, 1), dim(x, 2), 1};
+    if (!check_array(sc, "scale", sshape, READ)) return 0;
+    PyArrayObject *xa = (PyArrayObject *)x;
+    if (PyArray_SIZE(xa) != 0 && !check_strides(xa, name)) return 0;
+    *t = (attnx_i8_tensor){.data = PyArray_DATA(xa),
+                           .sb = estride(x, 0),
+                           .sh = estride(x, 1),
+                           .sl = estride(x, 2),
+                           .scale = PyArray_DATA((PyArrayObject *)sc),
+                           .ssb = estride(sc, 0),
+                           .ssh = estride(sc, 1),
+                           .ssl = estride(sc, 2)};
+    return 1;
+}
+
 /* 16-bit keys and values: float16, or uint16 holding bfloat16 bits (NumPy has no
  * bfloat16 of its own; attnx/_args.py passes ml_dtypes' bfloat16 as a uint16 view). */
 static int half_format_of(PyObject *a)
@@ -173,6 +203,22 @@ static int fill_qkv(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v)
     if (!fill_in(&p->q, q, "q", any)) return 0;
     p->B = dim(q, 0), p->Hq = dim(q, 1), p->Lq = dim(q, 2), p->D = dim(q, 3);
     const npy_intp kshape[4] = {p->B, -1, -1, p->D};
+    if (PyTuple_Check(k) || PyTuple_Check(v)) { /* int8 values and scales, both */
+        if (!PyTuple_Check(k) || !PyTuple_Check(v)) {
+            PyErr_SetString(PyExc_TypeError, "k and v must both be (int8 values, scales) tuples");
+            return 0;
+        }
+        if (!fill_in_i8(&p->k8, k, "k", kshape)) return 0;
+        p->Hk = dim(PyTuple_GET_ITEM(k, 0), 1), p->Lk = dim(PyTuple_GET_ITEM(k, 0), 2);
+        const npy_intp vshape[4] = {p->B, p->Hk, p->Lk, -1};
+        if (!fill_in_i8(&p->v8, v, "v", vshape)) return 0;
+        p->Dv = dim(PyTuple_GET_ITEM(v, 0), 3);
+        static const int8_t none8 = 0; /* an empty cache: any non-NULL marks it int8 */
+        static const float none_scale = 0.0f;
+        if (!p->k8.data) p->k8.data = &none8, p->k8.scale = &none_scale;
+        if (!p->v8.data) p->v8.data = &none8, p->v8.scale = &none_scale;
+        return 1;
+    }
     const int format = half_format_of(k), half = format >= 0 && format == half_format_of(v);
     p->half_format = half ? format : ATTNX_HALF_F16;
     if (!(half ? fill_in_half(&p->k16, k, "k", kshape, format) : fill_in(&p->k, k, "k", kshape)))

@@ -1346,6 +1346,74 @@ static void test_fma_burn(const char *isa, const attnx_kernels *kt)
     end();
 }
 
+/* ---- int8 keys and values with a scale a row: i8_rows the rounded products
+ * scale · x (the scalar kernel's bits); qk_dot_i8 the same bits as qk_dot on
+ * the int8 values as floats, times the scales after; pv_i8 the same bits as
+ * pv on the int8 values with each probability times its row's scale first.
+ * Every table, the scalar one included (against its own float kernels). */
+
+static void i8_case(const attnx_kernels *kt, int nq, int nk, int D)
+{
+    const int64_t sl = D + 3, ssl = 2; /* rows and scales further apart than packed */
+    int8_t *x = malloc((size_t)(nk * sl));
+    float *sc = malloc(sizeof(float) * (size_t)(nk * ssl)), *raw = guarded((size_t)nk * D + 1);
+    float *f = guarded((size_t)nk * D + 1), *ref = guarded((size_t)nk * D + 1);
+    for (int64_t e = 0; e < nk * sl; e++) x[e] = (int8_t)(e % 7 == 3 ? -128 : (int)(urand() * 255) - 127);
+    for (int j = 0; j < nk; j++) {
+        sc[j * ssl] = (float)(urand() * 0.05);
+        sc[j * ssl + 1] = NAN; /* between the scales: never read */
+        for (int d = 0; d < D; d++) raw[j * D + d] = (float)x[j * sl + d];
+    }
+    kt->i8_rows(x, sl, sc, ssl, nk, D, f);
+    attnx_kernels_scalar.i8_rows(x, sl, sc, ssl, nk, D, ref);
+    cur.cases++;
+    for (int j = 0; j < nk; j++)
+        for (int d = 0; d < D; d++) {
+            expect_same(f[j * D + d], ref[j * D + d], "i8_rows", j, d);
+            expect_same(ref[j * D + d], sc[j * ssl] * raw[j * D + d], "i8_rows (scalar)", j, d);
+        }
+    expect(f[nk * D] == GUARD, "i8_rows wrote past its rows");
+    float *qr = guarded((size_t)nq * D), *st = guarded((size_t)(nq + 1) * LDQ);
+    float *st2 = guarded((size_t)(nq + 1) * LDQ);
+    for (int e = 0; e < nq * D; e++) qr[e] = nrand();
+    kt->qk_dot_i8(qr, D, nq, x, sl, sc, ssl, nk, st, LDQ);
+    kt->qk_dot(qr, D, nq, raw, D, nk, st2, LDQ);
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++) st2[i * LDQ + j] *= sc[j * ssl];
+    compare_tile(st, st2, nk, nq, 1, 1, NULL, "qk_dot_i8");
+    /* pv_i8 against pv on the probabilities times the scales; with and without the rescale */
+    float *pt = guarded((size_t)(nq + 1) * LDQ);
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++) pt[i * LDQ + j] = st2[i * LDQ + j] * sc[j * ssl];
+    const int64_t ldacc = D + 2;
+    float *acc = guarded((size_t)nq * ldacc + 1), *acc2 = guarded((size_t)nq * ldacc + 1);
+    float alpha[ATTNX_ROUND16(4)];
+    for (int i = 0; i < nq; i++) alpha[i] = (float)urand();
+    for (int rescale = 0; rescale < 2; rescale++) {
+        for (int64_t e = 0; e < nq * ldacc; e++) acc[e] = acc2[e] = nrand();
+        kt->pv_i8(st2, 1, LDQ, nq, x, sl, sc, ssl, nk, D, rescale ? alpha : NULL, acc, ldacc);
+        kt->pv(pt, 1, LDQ, nq, raw, D, nk, D, rescale ? alpha : NULL, acc2, ldacc);
+        cur.cases++;
+        for (int i = 0; i < nq; i++)
+            for (int d = 0; d < D; d++)
+                expect_same(acc[i * ldacc + d], acc2[i * ldacc + d], "pv_i8", i, d);
+        expect(acc[nq * ldacc] == GUARD, "pv_i8 wrote past its rows");
+    }
+    free(x), free(sc), free(raw), free(f), free(ref), free(qr), free(st), free(st2), free(pt);
+    free(acc), free(acc2);
+}
+
+static void test_i8(const char *isa, const attnx_kernels *kt)
+{
+    begin(isa, "i8_rows, qk_dot_i8, pv_i8", "identical");
+    const int max_nq = kt->dot_max_nq > 4 ? kt->dot_max_nq : 4;
+    for (int nq = 1; nq <= max_nq; nq++)
+        for (int nk = 1; nk <= 9; nk += 4)
+            for (int D = 1; D <= SMAX; D += 3) i8_case(kt, nq, nk, D);
+    for (int D = 60; D <= 68; D += 4) i8_case(kt, 2, 13, D);
+    end();
+}
+
 int main(void)
 {
     rng_state = 0x2545F4914F6CDD1Dull; /* this file's seed */
@@ -1354,6 +1422,7 @@ int main(void)
     test_pack_bf16();
     test_qk_bf16_reference();
     test_split_reference();
+    test_i8("scalar", &attnx_kernels_scalar);
     for (int s = 0; s < attnx_isa_count(); s++) {
         const char *isa = attnx_isa_name_at(s);
         const attnx_kernels *kt = attnx_isa_kernels(isa);
@@ -1379,6 +1448,7 @@ int main(void)
         test_score_steps(isa, kt);
         test_half(isa, kt, ATTNX_HALF_F16);
         test_half(isa, kt, ATTNX_HALF_BF16);
+        test_i8(isa, kt);
         test_qk_bf16(isa);
         test_pv_bf16(isa);
         test_split(isa);

@@ -1,0 +1,246 @@
+"""``attnx.KVCache(dtype="int8")``: each appended (token, head) row stored as
+int8 values and a float32 scale, ``scale = max|x| / 127``, rounded to nearest.
+
+Tested two ways, as the int8 issue asks:
+* against the original values: every stored value, dequantized
+  (``k_scale * k``, rounded to float32), within ``max|x| / 254`` of the row it
+  came from (to a relative 2e-5 of that bound), on adversarial rows too: one
+  huge value among small ones, all zeros, float32's largest and subnormal
+  values; NaN and inf raise ValueError naming the argument and write nothing;
+* against float64: ``attend`` equals ``attnx.reference`` over the dequantized
+  values within the float32 tolerance, on every ISA, with decoding rows (read
+  in place by the int8 kernels) and larger blocks (converted tile by tile),
+  grouped-query heads, value_dim != head_dim, every option (window, sinks,
+  softcap, ALiBi, scale, need_weights, return_lse), sequences of different
+  lengths, 1-3 threads with keys split across threads, fully masked rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx._kvcache import quantize_rows
+from conftest import LOW_FLOATS, assert_close, randn
+
+
+def dequantized(cache, L=None):
+    """The values an int8 cache stands for: scale * int8, rounded to float32."""
+    L = cache.max_len if L is None else L
+    k = cache.k_scale[:, :, :L, None] * cache.k[:, :, :L].astype(np.float32)
+    v = cache.v_scale[:, :, :L, None] * cache.v[:, :, :L].astype(np.float32)
+    assert k.dtype == v.dtype == np.float32
+    return k, v
+
+
+def within_bound(x, stored):
+    """Each dequantized value within max|x| / 254 of its row (to float32 rounding)."""
+    x64 = np.asarray(x, np.float64)
+    bound = np.abs(x64).max(axis=-1, keepdims=True) / 254 * (1 + 2e-5) + 2.0 ** -149
+    err = np.abs(stored.astype(np.float64) - x64)
+    assert (err <= bound).all(), f"error {err.max()} past the bound (row max / 254)"
+
+
+# --------------------------------------------------------------- quantization
+
+ROWS = {
+    "normal": lambda rng: rng.standard_normal((3, 64)),
+    "one_huge_value": lambda rng: np.where(np.arange(64) == 5, 3e30, rng.standard_normal((3, 64))),
+    "all_zeros": lambda rng: np.zeros((3, 64)),
+    "float32_max": lambda rng: np.full((3, 64), np.finfo(np.float32).max) * np.sign(
+        rng.standard_normal((3, 64))),
+    "subnormal": lambda rng: rng.standard_normal((3, 64)) * 1e-42,
+    "tiny_normal": lambda rng: rng.standard_normal((3, 64)) * 1e-36,
+    "exact_multiples": lambda rng: rng.integers(-127, 128, (3, 64)) * 0.5,
+    "ties": lambda rng: np.array([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5] + [0.0] * 58] * 3),
+    "one_value": lambda rng: rng.standard_normal((3, 1)),
+}
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_quantized_rows_within_the_stated_bound(rng, name):
+    x = ROWS[name](rng).astype(np.float32)
+    q, scale = quantize_rows(x, "x")
+    assert q.dtype == np.int8 and scale.dtype == np.float32 and scale.shape == x.shape[:-1]
+    assert q.min() >= -127
+    stored = scale[..., None] * q.astype(np.float32)
+    within_bound(x, stored)
+    np.testing.assert_array_equal(scale == 0, np.abs(x).max(-1) == 0)
+
+
+def test_rounding_is_to_nearest_even():
+    """scale 1 (max|x| = 127): 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -0.5 -> 0, -1.5 -> -2."""
+    q, scale = quantize_rows(np.array([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5]], np.float32), "x")
+    assert scale.tolist() == [1.0]
+    assert q.tolist() == [[127, 0, 2, 2, 0, -2]]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64] + LOW_FLOATS)
+def test_append_stores_int8_and_scales_in_place(rng, dtype):
+    cache = attnx.KVCache(2, 3, 10, 8, value_dim=5, dtype="int8")
+    assert cache.k.dtype == cache.v.dtype == np.int8
+    assert cache.k_scale.shape == (2, 3, 10) and cache.v_scale.shape == (2, 3, 10)
+    ids = [id(a) for a in (cache.k, cache.v, cache.k_scale, cache.v_scale)]
+    k, v = randn(rng, (2, 3, 4, 8), dtype), randn(rng, (2, 3, 4, 5), dtype)
+    cache.append(k, v)
+    assert [id(a) for a in (cache.k, cache.v, cache.k_scale, cache.v_scale)] == ids
+    dk, dv = dequantized(cache, 4)
+    within_bound(k.astype(np.float32), dk)
+    within_bound(v.astype(np.float32), dv)
+    assert not cache.k[:, :, 4:].any() and not cache.k_scale[:, :, 4:].any()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("which", ["k_new", "v_new"])
+def test_nan_and_inf_refused_writing_nothing(rng, bad, which):
+    cache = attnx.KVCache(1, 2, 8, 4, dtype=np.int8)
+    cache.append(randn(rng, (1, 2, 2, 4)), randn(rng, (1, 2, 2, 4)))
+    before = [a.copy() for a in (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.lengths)]
+    k, v = randn(rng, (1, 2, 3, 4)), randn(rng, (1, 2, 3, 4))
+    (k if which == "k_new" else v)[0, 1, 2, 3] = bad
+    with pytest.raises(ValueError, match=rf"{which} holds .* at \(0, 1, 2, 3\).*int8"):
+        cache.append(k, v)
+    after = (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.lengths)
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_callers_arrays_untouched(rng):
+    cache = attnx.KVCache(1, 2, 8, 4, dtype="int8")
+    k, v = randn(rng, (1, 2, 3, 4)), randn(rng, (1, 2, 3, 4))
+    k0, v0 = k.copy(), v.copy()
+    cache.append(k, v)
+    q = randn(rng, (1, 4, 3, 4))
+    q0 = q.copy()
+    cache.attend(q)
+    np.testing.assert_array_equal(k, k0)
+    np.testing.assert_array_equal(v, v0)
+    np.testing.assert_array_equal(q, q0)
+
+
+# ------------------------------------------------------------------- attend
+
+SHAPES = {"mha": (2, 2, 16, 16), "gqa_4": (8, 2, 64, 64), "gqa_value_dim": (6, 2, 24, 40),
+          "odd_dims": (3, 3, 13, 7)}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_prompt_then_tokens_match_reference_on_dequantized_values(isa, rng, shape):
+    """A prompt (a block: converted tiles), single tokens (decoding rows: the int8
+    kernels) and a chunk, each attend equal to float64 over the dequantized values."""
+    Hq, H, E, Ev = SHAPES[shape]
+    B = 2
+    cache = attnx.KVCache(B, H, 400, E, value_dim=Ev, dtype="int8")
+    for n in (150, 1, 1, 2, 3, 70, 1):
+        cache.append(randn(rng, (B, H, n, E)), randn(rng, (B, H, n, Ev)))
+        q = randn(rng, (B, Hq, n, E))
+        k, v = dequantized(cache, int(cache.lengths[0]))
+        out = cache.attend(q)
+        assert out.shape == (B, Hq, n, Ev) and out.dtype == np.float32
+        assert_close(out, attnx.reference(q, k, v, is_causal="lower_right", enable_gqa=True),
+                     err_msg=f"after {n} token(s)")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_long_cache_decoding_split_over_threads(rng, threads):
+    """One token over 3000 keys: the keys split across threads and merged."""
+    cache = attnx.KVCache(1, 2, 3000, 32, dtype="int8")
+    cache.append(randn(rng, (1, 2, 3000, 32)), randn(rng, (1, 2, 3000, 32)))
+    q = randn(rng, (1, 8, 1, 32))
+    k, v = dequantized(cache)
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(threads)
+    try:
+        out, lse = cache.attend(q, return_lse=True)
+    finally:
+        attnx.set_num_threads(previous)
+    assert_close(out, attnx.reference(q, k, v, is_causal="lower_right", enable_gqa=True))
+    s = np.einsum("bhe,bhle->bhl", q[:, :, 0].astype(np.float64),
+                  np.repeat(k, 4, axis=1).astype(np.float64)) / np.sqrt(32)
+    top = s.max(-1)
+    assert_close(lse[..., 0], top + np.log(np.exp(s - top[..., None]).sum(-1)))
+
+
+OPTIONS = {
+    "window": dict(window=(4, 0)),
+    "sinks": dict(sinks=[0.5, -1.0, 2.0, 0.0]),
+    "softcap": dict(softcap=2.0),
+    "alibi": dict(alibi_slopes=[0.5, 0.25, 0.125, 0.0625]),
+    "scale": dict(scale=0.7),
+    "query_lengths": dict(query_lengths=[1, 0]),
+    "window_sinks_alibi": dict(window=(5, 0), sinks=[1.0, 0.0, -1.0, 2.0],
+                               alibi_slopes=[0.5, 0.25, 0.125, 0.0625]),
+}
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_options_weights_and_lse_match_reference(isa, rng, name):
+    kw = OPTIONS[name]
+    cache = attnx.KVCache(2, 2, 40, 8, value_dim=6, dtype="int8")
+    for n in (20, 1, 1, 2):
+        cache.append(randn(rng, (2, 2, n, 8)), randn(rng, (2, 2, n, 6)))
+        q = randn(rng, (2, 4, n, 8))
+        k, v = dequantized(cache, int(cache.lengths[0]))
+        ref = dict(is_causal="lower_right", enable_gqa=True, **kw)
+        out, w, lse = cache.attend(q, need_weights=True, return_lse=True, **kw)
+        want, want_w = attnx.reference(q, k, v, need_weights=True, **ref)
+        assert_close(out, want, err_msg=f"{n} token(s)")
+        assert_close(w, want_w)
+        _, want_lse = attnx.scaled_dot_product_attention(q, k, v, return_lse=True, **ref)
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(cache.attend(q, **kw), out, rtol=1e-5, atol=1e-6)
+
+
+def test_sequences_of_different_lengths(rng):
+    cache = attnx.KVCache(3, 2, 16, 8, dtype="int8")
+    cache.append(randn(rng, (3, 2, 7, 8)), randn(rng, (3, 2, 7, 8)))
+    cache.lengths[:] = [5, 0, 7]
+    cache.append(randn(rng, (3, 2, 1, 8)), randn(rng, (3, 2, 1, 8)))
+    q = randn(rng, (3, 4, 1, 8))
+    out, w = cache.attend(q, need_weights=True)
+    assert w.shape == (3, 4, 1, 8)
+    k, v = dequantized(cache)
+    for b, L in enumerate([6, 1, 8]):
+        want, want_w = attnx.reference(q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L],
+                                       is_causal="lower_right", enable_gqa=True,
+                                       need_weights=True)
+        assert_close(out[b:b + 1], want)
+        assert_close(w[b:b + 1, ..., :L], want_w)
+        assert not w[b, ..., L:].any()
+
+
+def test_empty_cache_and_fully_masked_rows_give_zeros(rng):
+    cache = attnx.KVCache(2, 2, 8, 4, dtype="int8")
+    out, lse = cache.attend(randn(rng, (2, 4, 3, 4)), return_lse=True)
+    assert out.shape == (2, 4, 3, 4) and not out.any() and np.isneginf(lse).all()
+    cache.append(randn(rng, (2, 2, 3, 4)), randn(rng, (2, 2, 3, 4)))
+    out = cache.attend(randn(rng, (2, 4, 1, 4)), window=(-1, -1), query_lengths=[0, 0])
+    assert not out.any() and not np.isnan(out).any()
+
+
+def test_zero_rows_and_a_huge_value_in_the_cache(rng):
+    """Adversarial stored rows: all-zero keys (scale 0) and one huge value among
+    small ones still give the reference over what is stored."""
+    cache = attnx.KVCache(1, 2, 8, 16, dtype="int8")
+    k, v = randn(rng, (1, 2, 4, 16)), randn(rng, (1, 2, 4, 16))
+    k[0, 0, 1] = 0.0
+    v[0, 1, 2] = 0.0
+    k[0, 1, 3, 7] = 1e4
+    cache.append(k, v)
+    q = randn(rng, (1, 2, 2, 16), scale=1e-3)
+    kd, vd = dequantized(cache, 4)
+    assert_close(cache.attend(q), attnx.reference(q, kd, vd, is_causal="lower_right"))
+
+
+def test_int8_cache_refuses_what_the_others_refuse(rng):
+    cache = attnx.KVCache(1, 2, 8, 4, dtype="int8")
+    with pytest.raises(TypeError, match="attn_mask"):
+        cache.attend(randn(rng, (1, 2, 1, 4)), attn_mask=np.ones((1, 1), bool))
+    with pytest.raises(TypeError, match="windw"):
+        cache.attend(randn(rng, (1, 2, 1, 4)), windw=(1, 0))
+    with pytest.raises(ValueError, match="k_new must be"):
+        cache.append(randn(rng, (1, 2, 1, 5)), randn(rng, (1, 2, 1, 4)))
+    with pytest.raises(TypeError, match="int8"):
+        attnx.KVCache(1, 1, 1, 1, dtype=np.int16)
+    assert "int8" in repr(cache)
