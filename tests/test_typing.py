@@ -170,7 +170,8 @@ def test_public_api_has_docstrings_with_examples(name):
 DOCTEST_MODULES = sorted(
     "attnx" + ("" if p.stem == "__init__" else "." + ".".join(p.relative_to(PKG).with_suffix("").parts))
     for p in PKG.rglob("*.py") if ">>>" in p.read_text(encoding="utf-8"))
-NEEDS = {"attnx.torch": "torch", "attnx.dask": "distributed", "attnx._plot": "matplotlib"}
+NEEDS = {"attnx.torch": "torch", "attnx.dask": "distributed", "attnx._plot": "matplotlib",
+         "attnx.integrations._cache": "transformers"}
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

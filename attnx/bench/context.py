@@ -69,14 +69,16 @@ def interleaved(fns: Sequence[Callable[[], object]], repeats: int,
     return [float(np.median(t)) for t in times]
 
 
-def read_all(k: NDArray[Any], v: NDArray[Any], threads: int) -> None:
+def read_all(k: NDArray[Any], v: NDArray[Any], threads: int,
+             extra: Sequence[NDArray[Any]] = ()) -> None:
     """The roofline of decoding: a plain reduction (the maximum, as uint32:
     only the bytes matter, and integer max is the fastest of NumPy's
-    reductions) over the bytes of k and v, split across ``threads`` Python
-    threads (NumPy's reductions release the GIL)."""
+    reductions) over the bytes of k and v (and ``extra``: an int8 cache's
+    scales), split across ``threads`` Python threads (NumPy's reductions
+    release the GIL)."""
     import threading
 
-    flat = [a.reshape(-1).view(np.uint8) for a in (k, v)]
+    flat = [a.reshape(-1).view(np.uint8) for a in (k, v, *extra)]
     flat = [a[:a.size // 4 * 4].view(np.uint32) for a in flat]
     chunks = [c for a in flat for c in np.array_split(a, threads)]
     if threads == 1:

@@ -102,10 +102,11 @@ def sweep(rows: List[Row], about: Dict[str, Any]) -> str:
 def decode(rows: List[Row], about: Dict[str, Any]) -> str:
     """Decoding's GB/s against the read roofline measured beside it."""
     body = [[_label(r).removeprefix("decode "), _g(r["attnx_GBps"]), _g(r["roofline_GBps"]),
-             _pct(r["of_roofline"]), _x(r.get("vs_torch")), _x(r.get("vs_float32_cache"))]
+             _pct(r["of_roofline"]), _x(r.get("vs_torch")), _x(r.get("vs_float32_cache")),
+             _x(r.get("vs_bfloat16_cache"))]
             for r in rows if kind(r) == "decode"]
     return _table(["decoding one token, cache", "attnx GB/s", "roofline GB/s", "of the roofline",
-                   "attnx vs torch", "vs a float32 cache"], body)
+                   "attnx vs torch", "vs a float32 cache", "vs a bfloat16 cache"], body)
 
 
 def variants(rows: List[Row], about: Dict[str, Any]) -> str:

@@ -66,7 +66,8 @@ TABLES: Dict[str, Table] = {
             Column("attnx GB/s", _key("attnx_GBps")), Column("roofline", _key("roofline_GBps")),
             Column("of roof", _key("of_roofline"), "{:7.0%}"),
             Column("vs torch", _key("vs_torch"), _RATIO),
-            Column("vs float32 cache", _key("vs_float32_cache"), _RATIO)), note=False),
+            Column("vs float32 cache", _key("vs_float32_cache"), _RATIO),
+            Column("vs bfloat16 cache", _key("vs_bfloat16_cache"), _RATIO)), note=False),
     "memory": Table(
         "Memory: peak RSS growth during one call, in a fresh process", (
             Column("attnx", _key("attnx_gflops")),

@@ -93,8 +93,8 @@ def case(ctx: Context, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D:
 
 def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
     """Lq = 1 over a cache of Hk heads: bandwidth bound. Per storage dtype
-    (float32, float16, bfloat16 when ml_dtypes is installed), the GB/s of K
-    and V read against the roofline: a plain reduction over the same bytes
+    (float32, float16, bfloat16 when ml_dtypes is installed, and an int8
+    KVCache with its float32 scales), the GB/s of K and V read against the roofline: a plain reduction over the same bytes
     on as many threads (:func:`.context.read_all`), timed interleaved with it.
     (On AMD EPYC Zen 5, 2 threads, over 512 MiB: NumPy's maximum as uint32
     or float32 67-69 GB/s, float32 add 38, torch's sum 81.)"""
@@ -108,21 +108,29 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
         dtypes.append(ml_dtypes.bfloat16)
     except ImportError:
         pass
+    dtypes.append(np.int8)      # an int8 KVCache: int8 values and a float32 scale a row
     rows: List[Row] = []
     gqa = f" GQA {Hq}/{Hk}" if Hq != Hk else f" H={Hq}"
     for dt in dtypes:
-        k, v = k32.astype(dt), v32.astype(dt)
-        fns: List[Callable[[], object]] = [
-            lambda: attnx.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hk),
-            lambda: read_all(k, v, ctx.threads)]
+        fns: List[Callable[[], object]]
+        scales: Sequence[NDArray[Any]] = ()
+        if dt == np.int8:
+            cache = attnx.KVCache(1, Hk, Lk, D, dtype=np.int8)
+            cache.append(k32, v32)
+            k, v, scales = cache.k, cache.v, (cache.k_scale, cache.v_scale)
+            fns = [lambda: cache.attend(q), lambda: read_all(k, v, ctx.threads, scales)]
+        else:
+            k, v = k32.astype(dt), v32.astype(dt)
+            fns = [lambda: attnx.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hk),
+                   lambda: read_all(k, v, ctx.threads)]
         if ctx.torch and dt == np.float32:
             tq, tk, tv = (ctx.torch.from_numpy(x) for x in (q, k, v))
             ctx.torch.set_num_threads(ctx.threads)
             fns.append(lambda: ctx.F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=Hq != Hk))
         times = ctx.time(fns)
-        nbytes = k.nbytes + v.nbytes
+        nbytes = k.nbytes + v.nbytes + sum(a.nbytes for a in scales)
         gbs, roof = nbytes / times[0] / 1e9, nbytes / times[1] / 1e9
-        name = np.dtype(dt).name
+        name = np.dtype(dt).name + (" (KVCache, with its scales)" if dt == np.int8 else "")
         row: Row = {"case": f"decode {name}{gqa} Lk={Lk} D={D}", "threads": ctx.threads,
                     "attnx_s": times[0], "attnx_gflops": 4.0 * Hq * Lk * D / times[0] / 1e9,
                     "attnx_GBps": gbs, "roofline_GBps": roof, "of_roofline": gbs / roof,
@@ -134,6 +142,10 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
         if rows:
             row["vs_float32_cache"] = rows[0]["attnx_s"] / times[0]
             row["note"] += f"; {row['vs_float32_cache']:.2f}x the float32 cache's speed"
+        bf16 = [r for r in rows if "bfloat16" in r["case"]]
+        if dt == np.int8 and bf16:
+            row["vs_bfloat16_cache"] = bf16[0]["attnx_s"] / times[0]
+            row["note"] += f", {row['vs_bfloat16_cache']:.2f}x the bfloat16 cache's"
         rows.append(row)
     attnx.set_num_threads(0)
     return rows

@@ -33,10 +33,11 @@ import torch
 
 from .._args import Precision, precision_code
 from ..torch import scaled_dot_product_attention as _attention
+from ._cache import AttnxCache, AttnxLayer, layer_of
 from ._continuous_batching import install as _install_continuous_batching
 from ._continuous_batching import varlen_forward
 
-__all__ = ["register", "attention_forward", "NAME"]
+__all__ = ["register", "attention_forward", "AttnxCache", "NAME"]
 
 NAME = "attnx"
 
@@ -52,6 +53,35 @@ def _mask_with_bias(mask: Optional[torch.Tensor], bias: torch.Tensor, causal: bo
     if mask.dtype == torch.bool:
         return bias.masked_fill(~mask, float("-inf"))
     return bias + mask
+
+
+def _cached_forward(layer: AttnxLayer, query: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                    options: dict[str, Any], need_weights: bool,
+                    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Attention over an AttnxCache layer read in place (lower-right causal,
+    and the window): the model's mask must say no more than that."""
+    assert layer.cache is not None
+    q_len, kv_len = query.shape[2], layer.get_seq_length()
+    if attention_mask is not None:
+        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        i = torch.arange(q_len)[:, None] + (kv_len - q_len)
+        j = torch.arange(kv_len)[None, :]
+        want = j <= i
+        window = options.get("window")
+        if window is not None:
+            want &= j >= i - window[0]
+        if allowed.shape[-1] != kv_len or not bool((allowed == want).all()):
+            raise ValueError("AttnxCache reads a causal cache without padding; this attention "
+                             "mask also masks other keys (a padded batch?): generate one "
+                             "sequence at a time, or batch sequences of one length")
+    q = query.detach().float().cpu().numpy()
+    weights = None
+    if need_weights:
+        out, weights = layer.cache.attend(q, need_weights=True, **options)
+    else:
+        out = layer.cache.attend(q, **options)
+    o = torch.from_numpy(out).to(query.dtype).transpose(1, 2).contiguous()
+    return o, None if weights is None else torch.from_numpy(weights).to(query.dtype)
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -74,6 +104,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     ``precision``: as in :func:`attnx.scaled_dot_product_attention` (set by
     :func:`register`).
     """
+    layer = layer_of(key)
+    if layer is not None:          # an AttnxCache's layer: its keys and values read in place
+        sliding = kwargs.get("sliding_window")
+        options: dict[str, Any] = dict(scale=scaling, softcap=softcap if softcap else None,
+                                       precision=precision,
+                                       window=(int(sliding) - 1, 0) if sliding else None)
+        if s_aux is not None:
+            options["sinks"] = s_aux.detach().float().numpy()
+        return _cached_forward(layer, query, attention_mask, options,
+                               bool(kwargs.get("output_attentions")))
     # continuous batching: requests packed along the queries, the cache's read_index
     # given (padding-free training also passes cu_seq_lens_*, and takes the path below)
     if "cu_seq_lens_q" in kwargs and "read_index" in kwargs:

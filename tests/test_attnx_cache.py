@@ -1,0 +1,167 @@
+"""``attnx.integrations.transformers.AttnxCache``: a transformers Cache whose
+layers keep keys and values in attnx KVCaches (int8, bfloat16, float16,
+float32), read in place by attn_implementation="attnx".
+
+Random-weight models built from configs (nothing downloaded): with a float32
+AttnxCache, generate()'s greedy tokens and the logits equal those of the
+model's default cache (Llama GQA, Gemma 2 with softcap and sliding window,
+gpt-oss with sinks, a batch without padding, beam search, output_attentions);
+with int8, bfloat16 and float16 caches almost every token is the default's
+(the rate is asserted); the cache grows, crops and resets; its placeholders
+are refused under another attention implementation, and a padded batch is
+refused with a message that says why.
+"""
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import attnx.integrations.transformers as hf  # noqa: E402
+
+hf.register()
+
+
+def configs():
+    T = transformers
+    return {
+        "llama_gqa": (T.LlamaForCausalLM, T.LlamaConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=96)),
+        "gemma2_softcap_window": (T.Gemma2ForCausalLM, T.Gemma2Config(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, intermediate_size=96, sliding_window=6,
+            attn_logit_softcapping=2.0, final_logit_softcapping=None, initializer_range=0.5)),
+        "gpt_oss_sinks": (T.GptOssForCausalLM, T.GptOssConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=4,
+            num_experts_per_tok=2, sliding_window=6, experts_implementation="eager")),
+    }
+
+
+def build(name, impl="attnx", seed=0):
+    cls, config = configs()[name]
+    torch.manual_seed(seed)
+    model = cls(copy.deepcopy(config)).eval()
+    model.set_attn_implementation(impl)
+    return model
+
+
+def generate(model, ids, cache=None, **kw):
+    with warnings.catch_warnings():          # past_key_values= is "cache=" from transformers 5.24
+        warnings.simplefilter("ignore", FutureWarning)
+        with torch.inference_mode():
+            return model.generate(ids, do_sample=False, past_key_values=cache,
+                                  pad_token_id=0, **kw)
+
+
+def prompt(batch=1, n=12, seed=1):
+    return torch.randint(1, 100, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", list(configs()))
+def test_float32_cache_gives_the_default_caches_tokens(name):
+    model = build(name)
+    ids = prompt()
+    want = generate(model, ids, max_new_tokens=20)
+    got = generate(model, ids, hf.AttnxCache(model.config, dtype="float32"), max_new_tokens=20)
+    assert got.tolist() == want.tolist()
+
+
+def test_float32_cache_logits_and_attention_weights():
+    model = build("llama_gqa")
+    ids = prompt(n=9)
+    with torch.inference_mode():
+        a = model(ids, output_attentions=True)
+        cache = hf.AttnxCache(model.config, dtype="float32")
+        b = model(ids, past_key_values=cache, output_attentions=True)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-5)
+        for wa, wb in zip(a.attentions, b.attentions):
+            torch.testing.assert_close(wb, wa, atol=1e-6, rtol=1e-5)
+        nxt = a.logits[:, -1:].argmax(-1)
+        c = model(nxt, past_key_values=cache)
+        full = model(torch.cat([ids, nxt], 1))
+        torch.testing.assert_close(c.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-5)
+    assert cache.get_seq_length() == 10
+
+
+def test_batch_without_padding_and_beam_search():
+    model = build("llama_gqa")
+    ids = prompt(batch=3)
+    want = generate(model, ids, max_new_tokens=10)
+    got = generate(model, ids, hf.AttnxCache(model.config, dtype="float32"), max_new_tokens=10)
+    assert got.tolist() == want.tolist()
+    want = generate(model, ids[:1], max_new_tokens=8, num_beams=3)
+    got = generate(model, ids[:1], hf.AttnxCache(model.config, dtype="float32"),
+                   max_new_tokens=8, num_beams=3)
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("dtype,at_least", [("int8", 0.9), ("bfloat16", 0.9), ("float16", 0.97)])
+def test_low_precision_caches_almost_always_give_the_same_tokens(dtype, at_least):
+    """Over 8 random models and prompts, 24 new tokens each: the share of tokens
+    equal to the default cache's (until the first difference, greedy decoding
+    goes its own way: the share counted is of tokens before it)."""
+    same = total = 0
+    for seed in range(8):
+        model = build("llama_gqa", seed=seed)
+        ids = prompt(seed=seed)
+        want = generate(model, ids, max_new_tokens=24)[0, 12:]
+        got = generate(model, ids, hf.AttnxCache(model.config, dtype=dtype),
+                       max_new_tokens=24)[0, 12:]
+        differ = (got != want).nonzero()
+        same += int(differ[0, 0]) if len(differ) else len(want)
+        total += len(want)
+    assert same / total >= at_least, f"{dtype}: {same}/{total} tokens before a difference"
+
+
+def test_int8_layers_hold_int8_and_scales():
+    model = build("llama_gqa")
+    cache = hf.AttnxCache(model.config, dtype="int8")
+    generate(model, prompt(), cache, max_new_tokens=5)
+    kv = cache.layers[0].cache
+    assert kv.k.dtype == np.int8 and kv.k_scale.dtype == np.float32
+    assert kv.lengths.tolist() == [16]       # 12 prompt tokens and 4 generated before the last
+
+
+def test_cache_grows_crops_and_resets():
+    model = build("llama_gqa")
+    cache = hf.AttnxCache(model.config, dtype="float32")
+    ids = prompt(n=300)
+    generate(model, ids, cache, max_new_tokens=3)
+    layer = cache.layers[0]
+    assert layer.cache.max_len >= 302 and cache.get_seq_length() == 302
+    cache.crop(-2)
+    assert cache.get_seq_length() == 300
+    cache.reset()
+    assert cache.get_seq_length() == 0
+    fixed = hf.AttnxCache(model.config, dtype="int8", max_cache_len=20)
+    with pytest.raises(ValueError, match="max_cache_len=20"):
+        generate(model, prompt(n=30), fixed, max_new_tokens=2)
+
+
+def test_refused_under_another_attention_implementation():
+    model = build("llama_gqa", impl="sdpa")
+    with pytest.raises(ValueError, match="'attnx' attention implementation only"):
+        generate(model, prompt(), hf.AttnxCache(model.config), max_new_tokens=2)
+
+
+def test_padded_batch_refused_saying_why():
+    model = build("llama_gqa")
+    ids = prompt(batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    with pytest.raises(ValueError, match="without padding"):
+        generate(model, ids, hf.AttnxCache(model.config), attention_mask=mask, max_new_tokens=2)
+
+
+def test_bad_arguments():
+    model = build("llama_gqa")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        hf.AttnxCache(model.config, dtype="int4")
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        hf.AttnxCache(object())
