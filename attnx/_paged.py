@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
-from ._args import (F32, attention_args, check_alibi_range, float_array, integer_array,
+from ._args import (F32, as_array, attention_args, check_alibi_range, float_array, integer_array,
                     is_bfloat16, shape_str, small_float_array, unit_last_stride)
 
 __all__ = ["cu_seqlens", "paged_forward"]
@@ -46,10 +46,37 @@ def cu_seqlens(x: object, name: str, total: Optional[int]) -> NDArray[np.int64]:
     return c
 
 
-def _pools(key: object, value: object) -> Tuple[NDArray[Any], NDArray[Any]]:
+def _int8_pool(x: Tuple[object, ...], name: str) -> Tuple[NDArray[Any], NDArray[Any]]:
+    """An int8 pool given as ``(pages, scales)``: int8 (num_blocks, block_size,
+    Hk, E) and float32 scales (num_blocks, block_size, Hk), each page row
+    standing for scale * int8 (an int8 cache's, attnx.KVCache's layout)."""
+    if len(x) != 2:
+        raise ValueError(f"{name} as a tuple must be (int8 pages, scales); got {len(x)} items")
+    pages, scales = (as_array(a, f"{name}[{i}]") for i, a in enumerate(x))
+    if pages.dtype != np.int8 or pages.ndim != 4:
+        raise ValueError(f"{name}[0] must be int8 pages (num_blocks, block_size, H, E); got "
+                         f"{pages.dtype} {shape_str(pages)}")
+    if scales.shape != pages.shape[:3] or scales.dtype.kind != "f":
+        raise ValueError(f"{name}[1] must be float32 scales {pages.shape[:3]} (num_blocks, "
+                         f"block_size, H); got {scales.dtype} {shape_str(scales)}")
+    return unit_last_stride(pages), np.ascontiguousarray(scales, dtype=np.float32)
+
+
+def _pools(key: object, value: object) -> Tuple[Any, Any]:
     """The pools as the core reads them, (num_blocks, Hk, block_size, E) views:
     float16 pairs and bfloat16 pairs (as uint16 bits) as they are, float32 as
-    it is; other float dtypes converted to float32 (a copy)."""
+    it is; other float dtypes converted to float32 (a copy); int8 pools
+    (``(pages, scales)`` tuples) as ``(pages, scales[..., None])`` views."""
+    if isinstance(key, tuple) or isinstance(value, tuple):
+        if not (isinstance(key, tuple) and isinstance(value, tuple)):
+            raise TypeError("key and value must both be (int8 pages, scales) tuples, or arrays")
+        (kp, ks), (vp, vs) = _int8_pool(key, "key"), _int8_pool(value, "value")
+        if kp.shape[:3] != vp.shape[:3]:
+            raise ValueError(f"key and value pages must agree in (num_blocks, block_size, Hk); "
+                             f"got key {shape_str(kp)}, value {shape_str(vp)}")
+        _check_pool_shape(kp)
+        return ((kp.swapaxes(1, 2), ks.swapaxes(1, 2)[..., None]),
+                (vp.swapaxes(1, 2), vs.swapaxes(1, 2)[..., None]))
     k, v = float_array(key, "key"), float_array(value, "value")
     for a, n in ((k, "key"), (v, "value")):
         if a.ndim != 4:
@@ -58,15 +85,19 @@ def _pools(key: object, value: object) -> Tuple[NDArray[Any], NDArray[Any]]:
     if k.shape[:3] != v.shape[:3]:
         raise ValueError(f"key and value pages must agree in (num_blocks, block_size, Hk); got key "
                          f"{shape_str(k)}, value {shape_str(v)}")
-    if k.shape[1] < 1:
-        raise ValueError(f"pages must hold at least one row (block_size >= 1); got key {shape_str(k)}")
-    if k.shape[0] > np.iinfo(np.int32).max:
-        raise ValueError(f"at most 2**31 - 1 pages (block_table is int32); got key {shape_str(k)}")
+    _check_pool_shape(k)
     if k.dtype == v.dtype and is_bfloat16(k.dtype):
         k, v = k.view(np.uint16), v.view(np.uint16)
     elif not (k.dtype == v.dtype == np.float16):
         k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
     return (unit_last_stride(k).swapaxes(1, 2), unit_last_stride(v).swapaxes(1, 2))
+
+
+def _check_pool_shape(k: NDArray[Any]) -> None:
+    if k.shape[1] < 1:
+        raise ValueError(f"pages must hold at least one row (block_size >= 1); got key {shape_str(k)}")
+    if k.shape[0] > np.iinfo(np.int32).max:
+        raise ValueError(f"at most 2**31 - 1 pages (block_table is int32); got key {shape_str(k)}")
 
 
 def _table(block_table: object, lengths: NDArray[np.int64], num_blocks: int,
@@ -117,7 +148,8 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     if q.ndim != 3:
         raise ValueError(f"query must be packed (total, H, E); got shape {shape_str(q)}")
     kp, vp = _pools(key, value)
-    num_blocks, Hk, block_size = kp.shape[:3]
+    kpages, vpages = (kp[0], vp[0]) if isinstance(kp, tuple) else (kp, vp)
+    num_blocks, Hk, block_size = kpages.shape[:3]
     cq = cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
     ck = cu_seqlens(cu_seqlens_k, "cu_seqlens_k", None)
     if cq.shape != ck.shape:
@@ -129,8 +161,8 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     s = _per_sequence(sinks, "sinks", n, Hq)
     a = _per_sequence(alibi_slopes, "alibi_slopes", n, Hq)
     # every shared check once, on zero-row views (heads, widths, the options)
-    k0 = np.zeros((1, 0, Hk, kp.shape[3]), np.float32)
-    v0 = np.zeros((1, 0, Hk, vp.shape[3]), np.float32)
+    k0 = np.zeros((1, 0, Hk, kpages.shape[3]), np.float32)
+    v0 = np.zeros((1, 0, Hk, vpages.shape[3]), np.float32)
     p = attention_args(q[None], k0, v0, layout="blhd", **opts,
                        sinks=None if s is None or n == 0 else s[0],
                        alibi_slopes=None if a is None or n == 0 else a[0])
@@ -139,7 +171,7 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
         lq = np.diff(cq)
         for i in range(n):
             check_alibi_range(a[i], p.variants.align, int(lq[i]), int(lengths[i]))
-    Ev = vp.shape[3]
+    Ev = vpages.shape[3]
     out = np.empty((q.shape[0], Hq, Ev), np.float32)
     lse = np.empty((Hq, q.shape[0]), np.float32)
     _attnx.forward_varlen(p.q, kp, vp, out.swapaxes(0, 1)[None], lse[None, :, :, None], cq, ck,

@@ -149,7 +149,11 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     table too short for a sequence, raises ValueError naming it. Decoding rows
     (one query a sequence) and prefill chunks mix freely in one call; with
     ``is_causal="lower_right"`` each sequence's queries are its last
-    positions. Forward only (no vjp).
+    positions. Forward only (no vjp). Pages may also be int8 with a float32
+    scale a row (an int8 cache, see :class:`attnx.KVCache`): pass ``key`` and
+    ``value`` as ``(pages, scales)`` tuples, pages int8 (num_blocks,
+    block_size, Hk, E) and scales (num_blocks, block_size, Hk), each row
+    standing for ``scale * pages[row]``; they are read in place too.
 
     Returns out (total_q, Hq, Ev) float32, and with ``return_lse`` also
     lse (Hq, total_q) (flash-attn's varlen layout).
@@ -170,6 +174,10 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
         out, lse = paged_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, block_table, opts,
                                  sinks, alibi_slopes, CALL_THREADS.get)
         return (out, lse) if return_lse else out
+    if any(isinstance(x, tuple) and x and isinstance(x[0], np.ndarray) and x[0].dtype == np.int8
+           for x in (key, value)):
+        raise ValueError("int8 (pages, scales) keys and values need block_table= (a paged "
+                         "cache); packed int8 keys are not supported")
     out, lse = _Packed(query, key, value, cu_seqlens_q, cu_seqlens_k, opts, sinks,
                        alibi_slopes).forward()
     return (out, lse) if return_lse else out

@@ -244,3 +244,54 @@ def test_int8_cache_refuses_what_the_others_refuse(rng):
     with pytest.raises(TypeError, match="int8"):
         attnx.KVCache(1, 1, 1, 1, dtype=np.int16)
     assert "int8" in repr(cache)
+
+
+# ------------------------------------------------------- int8 pages (varlen)
+
+@pytest.mark.parametrize("block_size", [1, 16, 256])
+def test_int8_pages_read_in_place_match_reference(isa, rng, block_size):
+    """varlen_attention over int8 pages given as (pages, scales), pages in a random
+    order, decoding rows and a prefill chunk in one call: each sequence equals
+    float64 over its dequantized keys, gathered."""
+    Hk, Hq, E, Ev = 2, 6, 24, 16
+    lens, lq = [300, 1, 0, 45, 7], [1, 1, 0, 45, 3]
+    need = [-(-n // block_size) for n in lens]
+    NB = sum(need) + 3
+    kq, ks = quantize_rows(randn(rng, (NB, block_size, Hk, E)), "k")
+    vq, vs = quantize_rows(randn(rng, (NB, block_size, Hk, Ev)), "v")
+    order = rng.permutation(NB)
+    table = np.zeros((len(lens), max(need)), np.int32)
+    at = 0
+    for i, n in enumerate(need):
+        table[i, :n] = order[at:at + n]
+        at += n
+    cu_q, cu_k = np.cumsum([0] + lq), np.cumsum([0] + lens)
+    q = randn(rng, (sum(lq), Hq, E))
+    out, lse = attnx.varlen_attention(q, (kq, ks), (vq, vs), cu_q, cu_k, block_table=table,
+                                      is_causal="lower_right", enable_gqa=True, return_lse=True)
+    kd = ks[..., None] * kq.astype(np.float32)
+    vd = vs[..., None] * vq.astype(np.float32)
+    for i, (n, m) in enumerate(zip(lens, lq)):
+        if m == 0:
+            continue
+        rows = lambda pool: pool[table[i, :need[i]]].reshape(-1, Hk, pool.shape[-1])[:n]  # noqa: E731
+        k, v = rows(kd).swapaxes(0, 1)[None], rows(vd).swapaxes(0, 1)[None]
+        qi = q[cu_q[i]:cu_q[i + 1]].swapaxes(0, 1)[None]
+        want = attnx.reference(qi, k, v, is_causal="lower_right", enable_gqa=True)
+        assert_close(out[cu_q[i]:cu_q[i + 1]], want[0].swapaxes(0, 1), err_msg=f"sequence {i}")
+
+
+def test_int8_pages_refused_when_malformed(rng):
+    kq, ks = quantize_rows(randn(rng, (4, 8, 2, 16)), "k")
+    q, cu, table = randn(rng, (1, 2, 16)), np.array([0, 1]), np.array([[0]], np.int32)
+    with pytest.raises(TypeError, match="both be"):
+        attnx.varlen_attention(q, (kq, ks), kq.astype(np.float32), cu, cu, block_table=table)
+    with pytest.raises(ValueError, match=r"key\[1\] must be float32 scales"):
+        attnx.varlen_attention(q, (kq, ks[:, :4]), (kq, ks), cu, cu, block_table=table)
+    with pytest.raises(ValueError, match=r"key\[0\] must be int8 pages"):
+        attnx.varlen_attention(q, (kq.astype(np.int16), ks), (kq, ks), cu, cu,
+                               block_table=table)
+    with pytest.raises(ValueError, match="need block_table"):
+        attnx.varlen_attention(q, (kq[0], ks[0]), (kq[0], ks[0]), cu, cu)
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 9 names no page"):
+        attnx.varlen_attention(q, (kq, ks), (kq, ks), cu, cu, block_table=[[9]])

@@ -421,7 +421,9 @@ PyDoc_STRVAR(forward_doc,
              "PRECISION_MEDIUM; threads > 0: this call's thread count (else the\n"
              "process's, set_num_threads); q_bf16: q holds bfloat16 values (the core's\n"
              "attnx_problem.q_bf16: it may then use bfloat16 dot products, bf16_dots()).\n"
-             "Use attnx.scaled_dot_product_attention instead.");
+             "k and v may be float16 or uint16 (bfloat16 bits), or both (int8 values,\n"
+             "float32 scales (.,Hk,Lk,1)) tuples (an int8 cache). Use\n"
+             "attnx.scaled_dot_product_attention instead.");
 
 /* out, weights and lse: what the forward writes. */
 static int fill_outputs(attnx_problem *p, PyObject *out, PyObject *weights, PyObject *lse)
@@ -469,7 +471,8 @@ PyDoc_STRVAR(forward_varlen_doc,
              "(1,Hq,Tq,1), against its cu_k[i+1] - cu_k[i] keys: rows cu_k[i] .. of k and v\n"
              "(1,Hk,Tk,E) and (1,Hk,Tk,Ev) when table is None, else the first rows of its\n"
              "pages table[i] of the pools k (P,Hk,S,E) and v (P,Hk,S,Ev), S rows a page.\n"
-             "k and v float32, float16, or uint16 (bfloat16 bits). cu_q and cu_k int64\n"
+             "k and v float32, float16, uint16 (bfloat16 bits), or (int8 values, float32\n"
+             "scales (.,Hk,S,1)) tuples. cu_q and cu_k int64\n"
              "(N+1,) C-contiguous, nondecreasing, within Tq (and Tk); table int32 (N, M)\n"
              "C-contiguous, or None. variant as forward()'s, alibi_slopes and sinks (N,Hq).\n"
              "Each sequence is one core problem (causal alignment its own); every one is\n"
@@ -506,10 +509,12 @@ static const int64_t *cu_of(PyObject *obj, const char *name, npy_intp *n, npy_in
     return cu;
 }
 
-/* k or v: float32 or 16-bit (the format of both, or -1: float32), 4-D. */
+/* k or v: float32 or 16-bit (the format of both, or -1: float32), 4-D; or
+ * an (int8 values, scales) tuple (fill_in_i8). */
 static int fill_kv(attnx_problem *p, int values, PyObject *a, const char *name,
                    const npy_intp shape[4], int format)
 {
+    if (PyTuple_Check(a)) return fill_in_i8(values ? &p->v8 : &p->k8, a, name, shape);
     if (format >= 0) return fill_in_half(values ? &p->v16 : &p->k16, a, name, shape, format);
     return fill_in(values ? &p->v : &p->k, a, name, shape);
 }
@@ -528,6 +533,9 @@ static attnx_problem sequence_problem(const attnx_problem *all, npy_intp i, cons
     if (p.lse.data) p.lse.data += cu_q[i] * p.lse.sl;
     if (table) {
         p.pages.table = table + i * cols;
+    } else if (p.k8.data) {
+        p.k8.data += cu_k[i] * p.k8.sl, p.k8.scale += cu_k[i] * p.k8.ssl;
+        p.v8.data += cu_k[i] * p.v8.sl, p.v8.scale += cu_k[i] * p.v8.ssl;
     } else if (p.k16.data) {
         p.k16.data += cu_k[i] * p.k16.sl;
         p.v16.data += cu_k[i] * p.v16.sl;
@@ -583,14 +591,23 @@ static PyObject *py_forward_varlen(PyObject *self, PyObject *args)
     const npy_intp one[4] = {1, all.Hq, Tq, -1};
     if (!check_shape((PyArrayObject *)q, "q", one)) return NULL;
     const int format = half_format_of(k), half = format >= 0 && format == half_format_of(v);
+    if (PyTuple_Check(k) != PyTuple_Check(v))
+        return PyErr_Format(PyExc_TypeError, "k and v must both be (int8 values, scales) tuples");
     const npy_intp kshape[4] = {table_obj == Py_None ? 1 : -1, -1, -1, all.D};
     if (!fill_kv(&all, 0, k, "k", kshape, half ? format : -1)) return NULL;
-    all.Hk = dim(k, 1);
-    const npy_intp P = dim(k, 0), S = dim(k, 2);
+    PyObject *k_arr = PyTuple_Check(k) ? PyTuple_GET_ITEM(k, 0) : k; /* checked: an array */
+    all.Hk = dim(k_arr, 1);
+    const npy_intp P = dim(k_arr, 0), S = dim(k_arr, 2);
     const npy_intp vshape[4] = {P, all.Hk, S, -1};
     if (!fill_kv(&all, 1, v, "v", vshape, half ? format : -1)) return NULL;
-    all.Dv = dim(v, 3);
+    all.Dv = dim(PyTuple_Check(v) ? PyTuple_GET_ITEM(v, 0) : v, 3);
     all.half_format = half ? format : ATTNX_HALF_F16;
+    if (PyTuple_Check(k)) { /* an empty pool: any non-NULL marks it int8 */
+        static const int8_t none8 = 0;
+        static const float none_scale = 0.0f;
+        if (!all.k8.data) all.k8.data = &none8, all.k8.scale = &none_scale;
+        if (!all.v8.data) all.v8.data = &none8, all.v8.scale = &none_scale;
+    }
     if (half && !all.k16.data) { /* an empty pool: any non-NULL marks it half */
         static const uint16_t none = 0;
         all.k16.data = &none;
