@@ -239,10 +239,15 @@ ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, 
                              int nk, float *st, int64_t ldk, const int kind)
 {
     const int64_t esize = row_esize(kind), ahead = rows_ahead(k_sl * esize);
-    for (int j = 0; j < nk; j += 4) {
-        for (int r = 0; r < 4; r++) prefetch_row(k, (j + ahead + r) * k_sl * esize, D * esize);
+    /* keys a block: 4, or 2 for int8 with 16 vector registers (AVX2), where 4
+     * rows x 4 keys of sums, the keys and a query row would spill: converting
+     * int8 costs two instructions a vector, and nothing hides them there as
+     * waiting on memory hides them for wider elements */
+    const int kb = kind == ROW_I8 && W == 8 ? 2 : 4;
+    for (int j = 0; j < nk; j += kb) {
+        for (int r = 0; r < kb; r++) prefetch_row(k, (j + ahead + r) * k_sl * esize, D * esize);
         for (int i = 0; i < nq; i += 4) {
-            const int mr = nq - i < 4 ? nq - i : 4, nb = nk - j < 4 ? nk - j : 4;
+            const int mr = nq - i < 4 ? nq - i : 4, nb = nk - j < kb ? nk - j : kb;
             switch (mr * 8 + nb) {
                 // clang-format off
                 QD_CASE(1, 1) QD_CASE(1, 2) QD_CASE(1, 3) QD_CASE(1, 4)
@@ -591,9 +596,9 @@ static int SUFFIX(store_rows)(const float *acc, int64_t ldacc, int nq, int64_t D
  * from zero and the sum added to acc at the end, so that acc, which gathers
  * the sums of many calls (dK, dV), takes one rounded term a call. */
 ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const float *pt,
-                           int64_t s_sum, int64_t s_row, const void *v, int64_t v_sl,
-                           const float *vs, int64_t vs_sl, int nk, const float *alpha, float *acc,
-                           int64_t ldacc, const int kind, const int pf, const int add)
+                           int64_t s_sum, int64_t s_row, const void *v, int64_t v_sl, int nk,
+                           const float *alpha, float *acc, int64_t ldacc, const int kind,
+                           const int pf, const int add)
 {
     const VMASK mk = V_MASK(tail ? tail : W);
     const int64_t esize = row_esize(kind), ahead = pf ? rows_ahead(v_sl * esize) : 0;
@@ -618,8 +623,7 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
             vv[c] = (tail && c == NV - 1) ? key_tail(x, tail, mk, kind) : key_load(x, kind);
         }
         for (int r = 0; r < MR; r++) {
-            const VF p = kind == ROW_I8 ? V_MUL(V_BCAST(pt + j * s_sum + r * s_row), V_SET1(vs[j * vs_sl]))
-                                        : V_BCAST(pt + j * s_sum + r * s_row);
+            const VF p = V_BCAST(pt + j * s_sum + r * s_row);
             for (int c = 0; c < NV; c++) a[r][c] = V_FMA(p, vv[c], a[r][c]);
         }
     }
@@ -638,27 +642,30 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
 #define PV_CASE(mr, nv)                                                                          \
     case (mr) * 8 + (nv):                                                                        \
         if (tail)                                                                                \
-            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, vs,  \
-                     vs_sl, nk, al, ai + d0, ldacc, kind, pf, add);                              \
+            pv_block(mr, nv, tail, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, nk,  \
+                     al, ai + d0, ldacc, kind, pf, add);                                         \
         else                                                                                     \
-            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, vs,     \
-                     vs_sl, nk, al, ai + d0, ldacc, kind, pf, add);                              \
+            pv_block(mr, nv, 0, pt + i * s_row, s_sum, s_row, key_at(v, d0, kind), v_sl, nk, al, \
+                     ai + d0, ldacc, kind, pf, add);                                             \
         break;
 
 /* acc (nrow, ldacc) [+]= Σ_t pt[t*s_sum + r*s_row] · v[t*v_sl + :] over t < nsum
- * (add: the sum formed from zero, then added; see pv_block); int8 values
- * (kind ROW_I8): each pt times vs[t*vs_sl] first */
+ * (add: the sum formed from zero, then added; see pv_block) */
 ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, const void *v,
-                         int64_t v_sl, const float *vs, int64_t vs_sl, int nk, int64_t Dv, const float *alpha, float *acc,
+                         int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acc,
                          int64_t ldacc, const int kind, const int pf, const int add)
 {
     const int64_t nvec = (Dv + W - 1) / W;
+    /* vectors of values a block: PV_NV, or 2 for int8 with 16 vector registers
+     * (AVX2): float values can be FMA operands from memory, converted int8
+     * ones take a register each, and PV_NV of them would spill a sum */
+    const int nvb = kind == ROW_I8 && W == 8 && PV_NV > 2 ? 2 : PV_NV;
     for (int i = 0; i < nq; i += PV_MR) {
         const int mr = nq - i < PV_MR ? nq - i : PV_MR;
         const float *al = alpha ? alpha + i : NULL;
         float *ai = acc + i * ldacc;
-        for (int64_t c0 = 0; c0 < nvec; c0 += PV_NV) {
-            const int nv = nvec - c0 < PV_NV ? (int)(nvec - c0) : PV_NV;
+        for (int64_t c0 = 0; c0 < nvec; c0 += nvb) {
+            const int nv = nvec - c0 < nvb ? (int)(nvec - c0) : nvb;
             const int64_t d0 = c0 * W;
             const int last = c0 + nv == nvec;
             const int tail = last ? (int)(Dv - (nvec - 1) * W) % W : 0;
@@ -675,9 +682,9 @@ static void SUFFIX(pv)(const float *pt, int64_t s_key, int64_t s_row, int nq, co
                        int64_t ldacc)
 {
     if (s_key == 1) /* a decoding tile: values streamed from memory, prefetched */
-        pv_any(pt, 1, s_row, nq, v, v_sl, NULL, 0, nk, Dv, alpha, acc, ldacc, ROW_F32, 1, 0);
+        pv_any(pt, 1, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 1, 0);
     else
-        pv_any(pt, s_key, s_row, nq, v, v_sl, NULL, 0, nk, Dv, alpha, acc, ldacc, ROW_F32, 0, 0);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F32, 0, 0);
 }
 
 // pt: as pv  v: (nk, Dv) 16-bit, rows v_sl apart  acc: (nq, ldacc)
@@ -686,17 +693,36 @@ static void SUFFIX(pv_half)(int fmt, const float *pt, int64_t s_key, int64_t s_r
                             float *acc, int64_t ldacc)
 {
     if (fmt == ATTNX_HALF_BF16)
-        pv_any(pt, s_key, s_row, nq, v, v_sl, NULL, 0, nk, Dv, alpha, acc, ldacc, ROW_BF16, 1, 0);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_BF16, 1, 0);
     else
-        pv_any(pt, s_key, s_row, nq, v, v_sl, NULL, 0, nk, Dv, alpha, acc, ldacc, ROW_F16, 1, 0);
+        pv_any(pt, s_key, s_row, nq, v, v_sl, nk, Dv, alpha, acc, ldacc, ROW_F16, 1, 0);
 }
 
+/* pv over int8 values: the probabilities times their values' scales first,
+ * into a block of up to PS_ROWS queries x ATTNX_BK keys on the stack (a
+ * decoding tile's layout), then pv_any over the int8 rows: the scale costs
+ * one multiply a probability, not one a vector of values. */
+#define PS_ROWS 8
 // pt: as pv  v: (nk, Dv) int8, rows v_sl apart  scale: (nk)  acc: (nq, ldacc)
 static void SUFFIX(pv_i8)(const float *pt, int64_t s_key, int64_t s_row, int nq, const int8_t *v,
                           int64_t v_sl, const float *scale, int64_t s_sl, int nk, int64_t Dv,
                           const float *alpha, float *acc, int64_t ldacc)
 {
-    pv_any(pt, s_key, s_row, nq, v, v_sl, scale, s_sl, nk, Dv, alpha, acc, ldacc, ROW_I8, 1, 0);
+    float ps[PS_ROWS * ATTNX_BK];
+    for (int i0 = 0; i0 < nq; i0 += PS_ROWS) {
+        const int nr = nq - i0 < PS_ROWS ? nq - i0 : PS_ROWS;
+        for (int j0 = 0; j0 < nk; j0 += ATTNX_BK) {
+            const int nb = nk - j0 < ATTNX_BK ? nk - j0 : ATTNX_BK;
+            for (int i = 0; i < nr; i++)
+                for (int j = 0; j < nb; j++)
+                    ps[i * ATTNX_BK + j] =
+                        pt[(int64_t)(j0 + j) * s_key + (int64_t)(i0 + i) * s_row] *
+                        scale[(int64_t)(j0 + j) * s_sl];
+            pv_any(ps, 1, ATTNX_BK, nr, v + (int64_t)j0 * v_sl, v_sl, nb, Dv,
+                   j0 == 0 && alpha ? alpha + i0 : NULL, acc + (int64_t)i0 * ldacc, ldacc, ROW_I8,
+                   1, 0);
+        }
+    }
 }
 
 /* ---- backward: acc (nk rows) += Pᵀ-tile · x, each row's sum over the
@@ -705,7 +731,7 @@ static void SUFFIX(pv_i8)(const float *pt, int64_t s_key, int64_t s_row, int nq,
 static void SUFFIX(ptx)(const float *pt, int64_t ldq, int nq, const float *x, int64_t x_sl, int nk,
                         int64_t n, float *acc, int64_t ldacc)
 {
-    pv_any(pt, 1, ldq, nk, x, x_sl, NULL, 0, nq, n, NULL, acc, ldacc, ROW_F32, 0, 1);
+    pv_any(pt, 1, ldq, nk, x, x_sl, nq, n, NULL, acc, ldacc, ROW_F32, 0, 1);
 }
 
 /* ---- backward: dS = P ∘ (dP − d), one query per lane; exactly 0 where P is 0
