@@ -295,3 +295,47 @@ def test_int8_pages_refused_when_malformed(rng):
         attnx.varlen_attention(q, (kq[0], ks[0]), (kq[0], ks[0]), cu, cu)
     with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 9 names no page"):
         attnx.varlen_attention(q, (kq, ks), (kq, ks), cu, cu, block_table=[[9]])
+
+
+# ------------------------------------------------------------ the glue's tuples
+
+def test_glue_tuples_keep_refcounts_on_success_and_error_paths(rng):
+    """The extension's (int8, scales) tuples: 2000 calls, successful and refused,
+    leave every array's reference count as it was."""
+    import sys
+
+    from attnx import _attnx
+    q = randn(rng, (1, 4, 1, 16))
+    k8, ks = quantize_rows(randn(rng, (1, 2, 30, 16)), "k")
+    v8, vs = quantize_rows(randn(rng, (1, 2, 30, 16)), "v")
+    ks4, vs4 = ks[..., None], vs[..., None]
+    out = np.empty((1, 4, 1, 16), np.float32)
+    bad_scale = ks4.astype(np.float64)
+    calls = [
+        (lambda: _attnx.forward(q, (k8, ks4), (v8, vs4), out, None, None, None, None, 2, 0.25), None),
+        (lambda: _attnx.forward(q, (k8, bad_scale), (v8, vs4), out, None, None, None, None, 2, 0.25),
+         TypeError),
+        (lambda: _attnx.forward(q, (k8,), (v8, vs4), out, None, None, None, None, 2, 0.25),
+         TypeError),
+        (lambda: _attnx.forward(q, (k8, ks4), v8, out, None, None, None, None, 2, 0.25), TypeError),
+        (lambda: _attnx.forward(q, (k8, ks4[:, :, :5]), (v8, vs4), out, None, None, None, None, 2,
+                                0.25), ValueError),
+    ]
+    objs = [q, k8, ks, v8, vs, ks4, vs4, out, bad_scale]
+    for c, exc in calls:
+        if exc is None:
+            c()
+        else:
+            with pytest.raises(exc):
+                c()
+    before = [sys.getrefcount(o) for o in objs]
+    for i in range(2000):
+        c, exc = calls[i % len(calls)]
+        try:
+            c()
+        except Exception as e:           # noqa: BLE001  (the refused ones)
+            assert exc is not None and isinstance(e, exc)
+    assert [sys.getrefcount(o) for o in objs] == before
+    want = attnx.reference(q, ks4 * k8.astype(np.float32), vs4 * v8.astype(np.float32),
+                           is_causal="lower_right", enable_gqa=True)
+    assert_close(out, want)
