@@ -115,8 +115,10 @@ def decode_figure(rows: List[Row]) -> Any:
         ax.annotate(f"{r['attnx_GBps'] / r['roofline_GBps']:.0%}",
                     (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize="small")
-    labels = [str(r["case"]).removeprefix("decode ").replace(" Lk=", "\nLk=") for r in dec]
-    ax.set_xticks(x, labels, fontsize="small")
+    labels = [str(r["case"]).removeprefix("decode ").replace(" Lk=", "\nLk=")
+              .replace(" H=", "\nH=").replace(" GQA", "\nGQA").replace(" D=", "\nD=")
+              for r in dec]               # a line a part: eight bars' labels side by side
+    ax.set_xticks(x, labels, fontsize="x-small")
     ax.set_ylabel("GB/s")
     ax.set_title(f"Decoding one token (Lq=1), {_threads(dec)}: % = of the roofline")
     ax.grid(True, axis="y", alpha=0.3)

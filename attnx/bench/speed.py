@@ -130,7 +130,7 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
         times = ctx.time(fns)
         nbytes = k.nbytes + v.nbytes + sum(a.nbytes for a in scales)
         gbs, roof = nbytes / times[0] / 1e9, nbytes / times[1] / 1e9
-        name = np.dtype(dt).name + (" (KVCache, with its scales)" if dt == np.int8 else "")
+        name = "int8 KVCache" if dt == np.int8 else np.dtype(dt).name   # its bytes: the scales too
         row: Row = {"case": f"decode {name}{gqa} Lk={Lk} D={D}", "threads": ctx.threads,
                     "attnx_s": times[0], "attnx_gflops": 4.0 * Hq * Lk * D / times[0] / 1e9,
                     "attnx_GBps": gbs, "roofline_GBps": roof, "of_roofline": gbs / roof,
