@@ -39,6 +39,11 @@ def _cache_dtype(dtype: object) -> np.dtype[Any]:
     return dt
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+#: the largest float32 scale s with 127 · s finite in float32
+_SCALE_MAX = np.uint32(2080440835).view(np.float32)
+
+
 def quantize_rows(a: NDArray[Any], name: str) -> Tuple[NDArray[np.int8], NDArray[np.float32]]:
     """Rows (..., E) of a finite float array as int8 values and a float32 scale
     a row, symmetric, rounded to nearest (ties to even): ``scale = max|x| / 127``
@@ -52,15 +57,19 @@ def quantize_rows(a: NDArray[Any], name: str) -> Tuple[NDArray[np.int8], NDArray
         at = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"{name} holds {a[at]} at {at}, which an int8 cache cannot store "
                          f"(its values must be finite); nothing was written")
+    big = np.abs(x) > _F32_MAX                 # float64 input past float32's range
+    if big.any():
+        at = tuple(int(i) for i in np.argwhere(big)[0])
+        raise ValueError(f"{name} holds {a[at]} at {at}, beyond float32's range (|x| up to "
+                         f"{_F32_MAX:g}), which an int8 cache's float32 scale cannot reach; "
+                         f"scale the values; nothing was written")
     top = np.abs(x).max(axis=-1) / 127.0 if x.shape[-1] else np.zeros(x.shape[:-1])
     scale = top.astype(np.float32)
     low = scale.astype(np.float64) < top       # rounded down: |x| / scale could pass 127
     scale[low] = np.nextafter(scale[low], np.float32(np.inf))
-    with np.errstate(over="ignore"):       # near float32's largest, 127 · scale must stay finite
-        over = ~np.isfinite(scale * np.float32(127))
-        while over.any():
-            scale[over] = np.nextafter(scale[over], np.float32(0))
-            over = ~np.isfinite(scale * np.float32(127))
+    # near float32's largest, 127 · scale must stay finite: the values a hair past
+    # 127 · scale then round (clip) to 127, a few float32 steps off
+    np.minimum(scale, _SCALE_MAX, out=scale)
     s = scale.astype(np.float64)[..., None]
     q = np.rint(np.divide(x, s, out=np.zeros_like(x), where=s > 0))
     return np.clip(q, -127, 127).astype(np.int8), scale

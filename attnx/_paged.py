@@ -49,7 +49,8 @@ def cu_seqlens(x: object, name: str, total: Optional[int]) -> NDArray[np.int64]:
 def _int8_pool(x: Tuple[object, ...], name: str) -> Tuple[NDArray[Any], NDArray[Any]]:
     """An int8 pool given as ``(pages, scales)``: int8 (num_blocks, block_size,
     Hk, E) and float32 scales (num_blocks, block_size, Hk), each page row
-    standing for scale * int8 (an int8 cache's, attnx.KVCache's layout)."""
+    standing for scale * int8 (as an int8 attnx.KVCache row stands for
+    k_scale * k)."""
     if len(x) != 2:
         raise ValueError(f"{name} as a tuple must be (int8 pages, scales); got {len(x)} items")
     pages, scales = (as_array(a, f"{name}[{i}]") for i, a in enumerate(x))

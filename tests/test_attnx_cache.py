@@ -165,3 +165,23 @@ def test_bad_arguments():
         hf.AttnxCache(model.config, dtype="int4")
     with pytest.raises(ValueError, match="num_hidden_layers"):
         hf.AttnxCache(object())
+
+
+def test_placeholders_never_read_twice_unnoticed():
+    """update returns placeholders only attnx's attention reads; a second update of
+    a layer whose placeholders nobody read (another attention, a copy of the keys)
+    raises instead of letting zeros through."""
+    model = build("llama_gqa")
+    cache = hf.AttnxCache(model.config, dtype="float32")
+    k = torch.randn(1, 2, 3, 16)
+    keys, values = cache.update(k, k, 0)
+    assert keys.shape == (1, 2, 3, 16) and not keys.any()
+    assert hf.attention_forward is not None and cache.layers[0].pending
+    with pytest.raises(ValueError, match="not read by attnx's attention"):
+        cache.update(k, k, 0)
+    q = torch.randn(1, 4, 3, 16)
+    with pytest.raises(ValueError, match="no position_bias"):
+        hf.attention_forward(model.model.layers[0].self_attn, q, keys, values, None,
+                             position_bias=torch.zeros(1, 4, 3, 3))
+    out, _ = hf.attention_forward(model.model.layers[0].self_attn, q, keys, values, None)
+    assert out.shape == (1, 3, 4, 16) and not cache.layers[0].pending

@@ -339,3 +339,17 @@ def test_glue_tuples_keep_refcounts_on_success_and_error_paths(rng):
     want = attnx.reference(q, ks4 * k8.astype(np.float32), vs4 * v8.astype(np.float32),
                            is_causal="lower_right", enable_gqa=True)
     assert_close(out, want)
+
+
+def test_float64_values_beyond_float32_refused_quickly(rng):
+    """A float64 row past float32's range cannot get a float32 scale: refused at
+    once (it once looped for seconds and then broke the bound), writing nothing."""
+    cache = attnx.KVCache(1, 1, 4, 2, dtype="int8")
+    with pytest.raises(ValueError, match="k_new .*beyond float32's range"):
+        cache.append(np.array([[[[1e39, 1.0]]]]), np.ones((1, 1, 1, 2)))
+    assert cache.lengths.tolist() == [0] and not cache.k_scale.any()
+    with pytest.raises(ValueError, match=r"x holds 1e\+39 at \(0, 0\), beyond float32"):
+        quantize_rows(np.array([[1e39, 1.0]]), "x")
+    top = float(np.finfo(np.float32).max)
+    q, scale = quantize_rows(np.array([[top, -top, 1.0]]), "x")      # the largest, exactly
+    within_bound(np.array([[top, -top, 1.0]]), scale[..., None] * q.astype(np.float32))

@@ -49,6 +49,7 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
         self.max_cache_len = max_cache_len
         self.config = config
         self.cache: Optional[KVCache] = None
+        self.pending = False     # placeholders returned that attnx's attention has not read
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
@@ -86,17 +87,23 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
                **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
         """Append (B, Hk, n, D) keys and values; returns placeholders (B, Hk, L, D)
         that the "attnx" attention reads the cache behind."""
-        impl = getattr(self.config, "_attn_implementation", "attnx")
-        if impl is not None and not str(impl).startswith("attnx"):
-            raise ValueError(f"AttnxCache is read by the 'attnx' attention implementation only; "
-                             f"this model uses {impl!r} (load it with attn_implementation="
-                             f"'attnx' after attnx.integrations.transformers.register())")
+        text = self.config
+        if hasattr(text, "get_text_config"):
+            text = text.get_text_config(decoder=True)
+        impl = getattr(text, "_attn_implementation", None)
+        if self.pending or (impl is not None and not str(impl).startswith("attnx")):
+            said = f"this model uses {impl!r}" if impl is not None and not str(impl).startswith(
+                "attnx") else "the last keys it returned were not read by attnx's attention"
+            raise ValueError(f"AttnxCache is read by the 'attnx' attention implementation only "
+                             f"({said}): load the model with attn_implementation='attnx' after "
+                             f"attnx.integrations.transformers.register()")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         assert self.cache is not None
         n = key_states.shape[-2]
         self._grow(self.get_seq_length() + n)
         self.cache.append(_numpy(key_states), _numpy(value_states))
+        self.pending = True
         B, H, L = self.cache.batch, self.cache.heads, self.get_seq_length()
         return (self.keys.expand(B, H, L, self.cache.head_dim),
                 self.values.expand(B, H, L, self.cache.value_dim))
@@ -104,6 +111,7 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
     def attend(self, query: torch.Tensor, options: Dict[str, Any]) -> torch.Tensor:
         """query (B, Hq, n, D) over the cache, lower-right causal: (B, Hq, n, Dv) float32."""
         assert self.cache is not None
+        self.pending = False
         return torch.from_numpy(self.cache.attend(_numpy(query), **options))
 
     def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
@@ -118,6 +126,7 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
         return -1 if self.max_cache_len is None else self.max_cache_len
 
     def reset(self) -> None:
+        self.pending = False
         if self.cache is not None:
             self.cache.lengths[:] = 0
 

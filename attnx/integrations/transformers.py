@@ -55,6 +55,34 @@ def _mask_with_bias(mask: Optional[torch.Tensor], bias: torch.Tensor, causal: bo
     return bias + mask
 
 
+#: the last mask found causal (held, so that its identity cannot be reused), its
+#: window and key count: the model's layers share one mask a step
+_CHECKED: list[Any] = [None, None, None]
+
+
+def _mask_checked(mask: torch.Tensor, window: Any, kv_len: int) -> bool:
+    return _CHECKED[0] is mask and _CHECKED[1] == window and _CHECKED[2] == kv_len
+
+
+def _causal_mask(mask: torch.Tensor, q_len: int, kv_len: int, window: Any) -> bool:
+    """Whether ``mask`` (..., q_len, kv_len), bool or additive, allows exactly the
+    lower-right causal keys (within the window): checked 1024 query rows at a
+    time, so a long prompt's mask needs no (q_len, kv_len) temporaries."""
+    if mask.shape[-1] != kv_len or mask.shape[-2] != q_len:
+        return False
+    j = torch.arange(kv_len)[None, :]
+    for r0 in range(0, q_len, 1024):
+        rows = mask[..., r0:r0 + 1024, :]
+        allowed = rows if rows.dtype == torch.bool else rows == 0
+        i = torch.arange(r0, r0 + rows.shape[-2])[:, None] + (kv_len - q_len)
+        want = j <= i
+        if window is not None:
+            want &= j >= i - window[0]
+        if not bool((allowed == want).all()):
+            return False
+    return True
+
+
 def _cached_forward(layer: AttnxLayer, query: torch.Tensor, attention_mask: Optional[torch.Tensor],
                     options: dict[str, Any], need_weights: bool,
                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -62,20 +90,16 @@ def _cached_forward(layer: AttnxLayer, query: torch.Tensor, attention_mask: Opti
     and the window): the model's mask must say no more than that."""
     assert layer.cache is not None
     q_len, kv_len = query.shape[2], layer.get_seq_length()
-    if attention_mask is not None:
-        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        i = torch.arange(q_len)[:, None] + (kv_len - q_len)
-        j = torch.arange(kv_len)[None, :]
-        want = j <= i
-        window = options.get("window")
-        if window is not None:
-            want &= j >= i - window[0]
-        if allowed.shape[-1] != kv_len or not bool((allowed == want).all()):
+    window = options.get("window")
+    if attention_mask is not None and not _mask_checked(attention_mask, window, kv_len):
+        if not _causal_mask(attention_mask, q_len, kv_len, window):
             raise ValueError("AttnxCache reads a causal cache without padding; this attention "
                              "mask also masks other keys (a padded batch?): generate one "
                              "sequence at a time, or batch sequences of one length")
+        _CHECKED[:] = [attention_mask, window, kv_len]
     q = query.detach().float().cpu().numpy()
     weights = None
+    layer.pending = False            # its placeholders are read, as they must be
     if need_weights:
         out, weights = layer.cache.attend(q, need_weights=True, **options)
     else:
@@ -106,6 +130,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     """
     layer = layer_of(key)
     if layer is not None:          # an AttnxCache's layer: its keys and values read in place
+        if position_bias is not None or (dropout and module.training) or is_causal is False:
+            raise ValueError("AttnxCache reads causal decoders' caches: no position_bias, "
+                             "no attention dropout in training, no is_causal=False")
         sliding = kwargs.get("sliding_window")
         options: dict[str, Any] = dict(scale=scaling, softcap=softcap if softcap else None,
                                        precision=precision,

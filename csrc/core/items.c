@@ -210,8 +210,8 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     if (p->v8.data && rows && in_one_page(p, j0, nk)) {
         const float *sc;
         const int8_t *v = i8_row_at(p, &p->v8, it->b, it->hk, j0, &sc);
-        jb->run.kt->pv_i8(s->st, s_key, s_row, it->nq, v, p->v8.sl, sc, p->v8.ssl, nk, p->Dv,
-                          alpha, s->acc, jb->plan.ldacc);
+        jb->run.kt->pv_i8(s->st, s_key, s_row, it->nq, v, p->v8.sl, sc, p->v8.ssl, nk, p->Dv, alpha,
+                          s->acc, jb->plan.ldacc);
         return;
     }
     if (p->v16.data && (rows || (jb->run.bf16_dots && jb->run.kt->pv_half_tiles)) &&

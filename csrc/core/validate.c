@@ -55,8 +55,9 @@ static attnx_status check_pointers(const attnx_problem *p, int writes_out, const
     if (p->k8.data) { /* int8 keys and values replace k and v */
         if (p->k16.data) return refuse(field, "k16.data", ATTNX_ERR_ARG); /* one format */
         if (!p->k8.scale) return refuse(field, "k8.scale", ATTNX_ERR_NULL);
-        if (p->Dv > 0 && !p->v8.data) return refuse(field, "v8.data", ATTNX_ERR_NULL);
-        if (p->Dv > 0 && !p->v8.scale) return refuse(field, "v8.scale", ATTNX_ERR_NULL);
+        /* whatever Dv: the values' scales are read (pv_i8) even for Dv = 0 */
+        if (!p->v8.data) return refuse(field, "v8.data", ATTNX_ERR_NULL);
+        if (!p->v8.scale) return refuse(field, "v8.scale", ATTNX_ERR_NULL);
     } else if (p->k16.data) { /* half-precision keys and values replace k and v */
         if (!p->v16.data && p->Dv > 0) return refuse(field, "v16.data", ATTNX_ERR_NULL);
     } else {

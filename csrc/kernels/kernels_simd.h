@@ -124,7 +124,7 @@ ATTNX_INLINE VF key_tail(const void *x, int n, VMASK mk, const int kind)
     if (kind == ROW_F32) return V_LOAD_M((const float *)x, mk);
     float t[W];
     for (int l = 0; l < W; l++)
-        t[l] = l >= n            ? 0.0f
+        t[l] = l >= n           ? 0.0f
                : kind == ROW_I8 ? (float)((const int8_t *)x)[l]
                                 : attnx_half16_to_float(kind - 1, ((const uint16_t *)x)[l]);
     return V_LOAD(t);
@@ -709,6 +709,10 @@ static void SUFFIX(pv_i8)(const float *pt, int64_t s_key, int64_t s_row, int nq,
                           const float *alpha, float *acc, int64_t ldacc)
 {
     float ps[PS_ROWS * ATTNX_BK];
+    if (nk <= 0) { /* no keys: the rescale alone */
+        pv_any(ps, 1, 0, nq, v, v_sl, 0, Dv, alpha, acc, ldacc, ROW_I8, 0, 0);
+        return;
+    }
     for (int i0 = 0; i0 < nq; i0 += PS_ROWS) {
         const int nr = nq - i0 < PS_ROWS ? nq - i0 : PS_ROWS;
         for (int j0 = 0; j0 < nk; j0 += ATTNX_BK) {

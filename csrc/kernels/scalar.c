@@ -446,7 +446,8 @@ static void i8_rows_scalar(const int8_t *src, int64_t src_sl, const float *scale
                            int rows, int64_t n, float *dst)
 {
     for (int j = 0; j < rows; j++)
-        for (int64_t d = 0; d < n; d++) dst[j * n + d] = scale[j * s_sl] * (float)src[j * src_sl + d];
+        for (int64_t d = 0; d < n; d++)
+            dst[j * n + d] = scale[j * s_sl] * (float)src[j * src_sl + d];
 }
 
 // qr: (nq, D)  k: (nk, D) int8, rows k_sl apart  scale: (nk)  st: (nq, ldk)

@@ -159,8 +159,7 @@ static int fill_in_half(attnx_half_tensor *t, PyObject *a, const char *name,
 /* An int8 operand with its scales, the tuple (x, scale): x int8 of the given
  * shape, scale float32 (B, H, L, 1), x[b, h, l, :] standing for
  * scale[b, h, l, 0] * x[b, h, l, :] (an int8 KV cache). */
-static int fill_in_i8(attnx_i8_tensor *t, PyObject *pair, const char *name,
-                      const npy_intp shape[4])
+static int fill_in_i8(attnx_i8_tensor *t, PyObject *pair, const char *name, const npy_intp shape[4])
 {
     if (PyTuple_GET_SIZE(pair) != 2) {
         PyErr_Format(PyExc_TypeError, "%s must be an array, or a tuple (int8 values, scales)",
@@ -172,7 +171,9 @@ static int fill_in_i8(attnx_i8_tensor *t, PyObject *pair, const char *name,
         !check_shape((PyArrayObject *)x, name, shape))
         return 0;
     const npy_intp sshape[4] = {dim(x, 0), dim(x, 1), dim(x, 2), 1};
-    if (!check_array(sc, "scale", sshape, READ)) return 0;
+    char sname[32];
+    snprintf(sname, sizeof sname, "%s's scales", name);
+    if (!check_array(sc, sname, sshape, READ)) return 0;
     PyArrayObject *xa = (PyArrayObject *)x;
     if (PyArray_SIZE(xa) != 0 && !check_strides(xa, name)) return 0;
     *t = (attnx_i8_tensor){.data = PyArray_DATA(xa),
@@ -215,8 +216,10 @@ static int fill_qkv(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v)
         p->Dv = dim(PyTuple_GET_ITEM(v, 0), 3);
         static const int8_t none8 = 0; /* an empty cache: any non-NULL marks it int8 */
         static const float none_scale = 0.0f;
-        if (!p->k8.data) p->k8.data = &none8, p->k8.scale = &none_scale;
-        if (!p->v8.data) p->v8.data = &none8, p->v8.scale = &none_scale;
+        if (!p->k8.data) p->k8.data = &none8;
+        if (!p->v8.data) p->v8.data = &none8;
+        if (!p->k8.scale) p->k8.scale = &none_scale;
+        if (!p->v8.scale) p->v8.scale = &none_scale;
         return 1;
     }
     const int format = half_format_of(k), half = format >= 0 && format == half_format_of(v);
@@ -605,8 +608,10 @@ static PyObject *py_forward_varlen(PyObject *self, PyObject *args)
     if (PyTuple_Check(k)) { /* an empty pool: any non-NULL marks it int8 */
         static const int8_t none8 = 0;
         static const float none_scale = 0.0f;
-        if (!all.k8.data) all.k8.data = &none8, all.k8.scale = &none_scale;
-        if (!all.v8.data) all.v8.data = &none8, all.v8.scale = &none_scale;
+        if (!all.k8.data) all.k8.data = &none8;
+        if (!all.v8.data) all.v8.data = &none8;
+        if (!all.k8.scale) all.k8.scale = &none_scale;
+        if (!all.v8.scale) all.v8.scale = &none_scale;
     }
     if (half && !all.k16.data) { /* an empty pool: any non-NULL marks it half */
         static const uint16_t none = 0;

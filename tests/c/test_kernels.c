@@ -1355,10 +1355,11 @@ static void test_fma_burn(const char *isa, const attnx_kernels *kt)
 static void i8_case(const attnx_kernels *kt, int nq, int nk, int D)
 {
     const int64_t sl = D + 3, ssl = 2; /* rows and scales further apart than packed */
-    int8_t *x = malloc((size_t)(nk * sl));
-    float *sc = malloc(sizeof(float) * (size_t)(nk * ssl)), *raw = guarded((size_t)nk * D + 1);
+    int8_t *x = calloc((size_t)(nk * sl) + 1, 1);
+    float *sc = calloc((size_t)(nk * ssl) + 1, sizeof(float)), *raw = guarded((size_t)nk * D + 1);
     float *f = guarded((size_t)nk * D + 1), *ref = guarded((size_t)nk * D + 1);
-    for (int64_t e = 0; e < nk * sl; e++) x[e] = (int8_t)(e % 7 == 3 ? -128 : (int)(urand() * 255) - 127);
+    for (int64_t e = 0; e < nk * sl; e++)
+        x[e] = (int8_t)(e % 7 == 3 ? -128 : (int)(urand() * 255) - 127);
     for (int j = 0; j < nk; j++) {
         sc[j * ssl] = (float)(urand() * 0.05);
         sc[j * ssl + 1] = NAN; /* between the scales: never read */
@@ -1408,7 +1409,7 @@ static void test_i8(const char *isa, const attnx_kernels *kt)
     begin(isa, "i8_rows, qk_dot_i8, pv_i8", "identical");
     const int max_nq = kt->dot_max_nq > 4 ? kt->dot_max_nq : 4;
     for (int nq = 1; nq <= max_nq; nq++)
-        for (int nk = 1; nk <= 9; nk += 4)
+        for (int nk = 0; nk <= 9; nk += nk ? 4 : 1) /* nk = 0: pv_i8's rescale alone */
             for (int D = 1; D <= SMAX; D += 3) i8_case(kt, nq, nk, D);
     for (int D = 60; D <= 68; D += 4) i8_case(kt, 2, 13, D);
     end();
