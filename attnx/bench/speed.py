@@ -5,6 +5,7 @@ teach, the slowest peer."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -94,8 +95,11 @@ def case(ctx: Context, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D:
 def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
     """Lq = 1 over a cache of Hk heads: bandwidth bound. Per storage dtype
     (float32, float16, bfloat16 when ml_dtypes is installed, and an int8
-    KVCache with its float32 scales), the GB/s of K and V read against the roofline: a plain reduction over the same bytes
-    on as many threads (:func:`.context.read_all`), timed interleaved with it.
+    KVCache with its float32 scales), the GB/s of K and V read against the
+    roofline: a plain reduction over the same bytes on as many threads
+    (:func:`.context.read_all`). Every dtype's call and roofline (and torch's
+    float32 call) are timed interleaved in one round, so that the ratios
+    between the caches are of the same moments of a shared machine.
     (On AMD EPYC Zen 5, 2 threads, over 512 MiB: NumPy's maximum as uint32
     or float32 67-69 GB/s, float32 add 38, torch's sum 81.)"""
     attnx = ctx.attnx
@@ -109,42 +113,51 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
     except ImportError:
         pass
     dtypes.append(np.int8)      # an int8 KVCache: int8 values and a float32 scale a row
-    rows: List[Row] = []
     gqa = f" GQA {Hq}/{Hk}" if Hq != Hk else f" H={Hq}"
+    fns: List[Callable[[], object]] = []
+    settle: List[int] = []
+    # per dtype: its name, bytes read, and where its calls sit in fns
+    specs: List[Tuple[str, int, int, Optional[int]]] = []
     for dt in dtypes:
-        fns: List[Callable[[], object]]
-        scales: Sequence[NDArray[Any]] = ()
+        at, torch_at = len(fns), None
         if dt == np.int8:
             cache = attnx.KVCache(1, Hk, Lk, D, dtype=np.int8)
             cache.append(k32, v32)
-            k, v, scales = cache.k, cache.v, (cache.k_scale, cache.v_scale)
-            fns = [lambda: cache.attend(q), lambda: read_all(k, v, ctx.threads, scales)]
+            k, v = cache.k, cache.v
+            scales: Sequence[NDArray[Any]] = (cache.k_scale, cache.v_scale)
+            fns += [partial(cache.attend, q), partial(read_all, k, v, ctx.threads, scales)]
         else:
-            k, v = k32.astype(dt), v32.astype(dt)
-            fns = [lambda: attnx.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hk),
-                   lambda: read_all(k, v, ctx.threads)]
+            k, v, scales = k32.astype(dt), v32.astype(dt), ()
+            fns += [partial(attnx.scaled_dot_product_attention, q, k, v, enable_gqa=Hq != Hk),
+                    partial(read_all, k, v, ctx.threads)]
         if ctx.torch and dt == np.float32:
             tq, tk, tv = (ctx.torch.from_numpy(x) for x in (q, k, v))
             ctx.torch.set_num_threads(ctx.threads)
-            fns.append(lambda: ctx.F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=Hq != Hk))
-        times = ctx.time(fns)
-        nbytes = k.nbytes + v.nbytes + sum(a.nbytes for a in scales)
-        gbs, roof = nbytes / times[0] / 1e9, nbytes / times[1] / 1e9
+            torch_at = len(fns)
+            settle.append(torch_at)      # torch's OpenMP threads spin after its call
+            fns.append(partial(ctx.F.scaled_dot_product_attention, tq, tk, tv,
+                               enable_gqa=Hq != Hk))
         name = "int8 KVCache" if dt == np.int8 else np.dtype(dt).name   # its bytes: the scales too
+        specs.append((name, k.nbytes + v.nbytes + sum(a.nbytes for a in scales), at, torch_at))
+    times = ctx.time(fns, settle)
+    rows: List[Row] = []
+    for name, nbytes, at, torch_at in specs:
+        t, t_roof = times[at], times[at + 1]
+        gbs, roof = nbytes / t / 1e9, nbytes / t_roof / 1e9
         row: Row = {"case": f"decode {name}{gqa} Lk={Lk} D={D}", "threads": ctx.threads,
-                    "attnx_s": times[0], "attnx_gflops": 4.0 * Hq * Lk * D / times[0] / 1e9,
+                    "attnx_s": t, "attnx_gflops": 4.0 * Hq * Lk * D / t / 1e9,
                     "attnx_GBps": gbs, "roofline_GBps": roof, "of_roofline": gbs / roof,
                     "note": f"reads K+V at {gbs:.1f} GB/s = {gbs / roof:.0%} of a plain "
                             f"reduction's {roof:.1f} GB/s over the same bytes"}
-        if len(times) > 2:
-            row["torch_gflops"] = 4.0 * Hq * Lk * D / times[2] / 1e9
-            row["vs_torch"] = times[2] / times[0]
+        if torch_at is not None:
+            row["torch_gflops"] = 4.0 * Hq * Lk * D / times[torch_at] / 1e9
+            row["vs_torch"] = times[torch_at] / t
         if rows:
-            row["vs_float32_cache"] = rows[0]["attnx_s"] / times[0]
+            row["vs_float32_cache"] = rows[0]["attnx_s"] / t
             row["note"] += f"; {row['vs_float32_cache']:.2f}x the float32 cache's speed"
         bf16 = [r for r in rows if "bfloat16" in r["case"]]
-        if dt == np.int8 and bf16:
-            row["vs_bfloat16_cache"] = bf16[0]["attnx_s"] / times[0]
+        if name == "int8 KVCache" and bf16:
+            row["vs_bfloat16_cache"] = bf16[0]["attnx_s"] / t
             row["note"] += f", {row['vs_bfloat16_cache']:.2f}x the bfloat16 cache's"
         rows.append(row)
     attnx.set_num_threads(0)
