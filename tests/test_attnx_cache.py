@@ -22,25 +22,16 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import attnx.integrations.transformers as hf  # noqa: E402
+import test_transformers  # noqa: E402  (its test models; it registers attnx too)
 
 hf.register()
 
 
 def configs():
-    T = transformers
-    return {
-        "llama_gqa": (T.LlamaForCausalLM, T.LlamaConfig(
-            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, intermediate_size=96)),
-        "gemma2_softcap_window": (T.Gemma2ForCausalLM, T.Gemma2Config(
-            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, intermediate_size=96, sliding_window=6,
-            attn_logit_softcapping=2.0, final_logit_softcapping=None, initializer_range=0.5)),
-        "gpt_oss_sinks": (T.GptOssForCausalLM, T.GptOssConfig(
-            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=4,
-            num_experts_per_tok=2, sliding_window=6, experts_implementation="eager")),
-    }
+    """test_transformers.py's causal decoders: Llama (GQA), Gemma 2 (softcap and a
+    sliding window), gpt-oss (sinks): (model class, config) by name."""
+    return {name: spec[:2] for name, spec in test_transformers.configs().items()
+            if name in ("llama_gqa", "gemma2_softcap_window", "gpt_oss_sinks")}
 
 
 def build(name, impl="attnx", seed=0):
@@ -176,7 +167,7 @@ def test_placeholders_never_read_twice_unnoticed():
     k = torch.randn(1, 2, 3, 16)
     keys, values = cache.update(k, k, 0)
     assert keys.shape == (1, 2, 3, 16) and not keys.any()
-    assert hf.attention_forward is not None and cache.layers[0].pending
+    assert cache.layers[0].pending
     with pytest.raises(ValueError, match="not read by attnx's attention"):
         cache.update(k, k, 0)
     q = torch.randn(1, 4, 3, 16)

@@ -71,14 +71,20 @@ def test_append_writes_in_place(rng, dtype):
     assert L == cache.max_len
 
 
-def test_append_copies_the_new_tokens(rng):
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_append_copies_the_new_tokens(rng, dtype):
     """Changing k_new/v_new after the append leaves the cache as it was; the
-    caller's arrays are not modified by append or attend."""
-    cache = attnx.KVCache(1, 2, 6, 4)
+    caller's arrays are not modified by append or attend (an int8 cache's
+    quantization included)."""
+    cache = attnx.KVCache(1, 2, 6, 4, dtype=dtype)
     k_new, v_new = tokens(rng, cache, 3)
     k0, v0 = k_new.copy(), v_new.copy()
     cache.append(k_new, v_new)
-    q = randn(rng, (1, 2, 3, 4))
+    stored_k, stored_v = cache.k[:, :, :3].copy(), cache.v[:, :, :3].copy()
+    if dtype == np.float32:
+        np.testing.assert_array_equal(stored_k, k0)
+        np.testing.assert_array_equal(stored_v, v0)
+    q = randn(rng, (1, 4, 3, 4))                   # grouped-query heads too
     q0 = q.copy()
     cache.attend(q)
     np.testing.assert_array_equal(k_new, k0)
@@ -86,8 +92,8 @@ def test_append_copies_the_new_tokens(rng):
     np.testing.assert_array_equal(q, q0)
     k_new += 1.0
     v_new[:] = 0.0
-    np.testing.assert_array_equal(cache.k[:, :, :3], k0)
-    np.testing.assert_array_equal(cache.v[:, :, :3], v0)
+    np.testing.assert_array_equal(cache.k[:, :, :3], stored_k)
+    np.testing.assert_array_equal(cache.v[:, :, :3], stored_v)
 
 
 def test_append_accepts_other_float_dtypes_and_array_likes(rng):

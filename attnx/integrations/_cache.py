@@ -14,7 +14,7 @@ would read the placeholders' zeros: ``update`` refuses to run under them.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -23,6 +23,11 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .._kvcache import KVCache, _cache_dtype
 
 DTYPES = ("int8", "bfloat16", "float16", "float32")
+
+
+def _buffers(c: KVCache) -> List[np.ndarray]:
+    """A cache's arrays along (batch, heads, tokens): k, v, and an int8 cache's scales."""
+    return [a for a in (c.k, c.v, c.k_scale, c.v_scale) if a is not None]
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:
@@ -75,11 +80,8 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
         new = KVCache(old.batch, old.heads, max(need, 2 * old.max_len), old.head_dim,
                       value_dim=old.value_dim, dtype=old.k.dtype)
         L = int(old.lengths.max()) if old.batch else 0
-        new.k[:, :, :L], new.v[:, :, :L] = old.k[:, :, :L], old.v[:, :, :L]
-        if old.k_scale is not None and new.k_scale is not None:
-            new.k_scale[:, :, :L] = old.k_scale[:, :, :L]
-        if old.v_scale is not None and new.v_scale is not None:
-            new.v_scale[:, :, :L] = old.v_scale[:, :, :L]
+        for to, frm in zip(_buffers(new), _buffers(old)):
+            to[:, :, :L] = frm[:, :, :L]
         new.lengths[:] = old.lengths
         self.cache = new
 
@@ -145,11 +147,9 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
             return
         new = KVCache(len(index), old.heads, old.max_len, old.head_dim, value_dim=old.value_dim,
                       dtype=old.k.dtype)
-        new.k[...], new.v[...], new.lengths[:] = old.k[index], old.v[index], old.lengths[index]
-        if old.k_scale is not None and new.k_scale is not None:
-            new.k_scale[...] = old.k_scale[index]
-        if old.v_scale is not None and new.v_scale is not None:
-            new.v_scale[...] = old.v_scale[index]
+        for to, frm in zip(_buffers(new), _buffers(old)):
+            to[...] = frm[index]
+        new.lengths[:] = old.lengths[index]
         self.cache = new
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:

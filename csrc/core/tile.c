@@ -97,8 +97,30 @@ static void mask_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int 
         kt->mask_float(t->st, ld, lanes, lines, (const float *)m->data + at, s_lane, s_line);
 }
 
+/* Whether keys and values are stored converted (int8 or 16 bits): their
+ * tiles are then converted into the thread's buffers. */
+static int converted(const attnx_problem *p) { return p->k8.data || p->k16.data; }
+
+/* Rows j .. j+n-1 of head (b, hk) of an int8 or 16-bit k (v: values), within
+ * one page, as float32 into to (n, width). */
+static void convert_rows(const attnx_run *r, int values, int64_t b, int64_t hk, int64_t j, int n,
+                         int64_t width, float *to)
+{
+    const attnx_problem *p = r->p;
+    if (p->k8.data) {
+        const attnx_i8_tensor *t = values ? &p->v8 : &p->k8;
+        const float *sc;
+        const int8_t *from = i8_row_at(p, t, b, hk, j, &sc);
+        r->kt->i8_rows(from, t->sl, sc, t->ssl, n, width, to);
+    } else {
+        const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
+        r->kt->half_rows(p->half_format, t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j),
+                         t->sl, n, width, to);
+    }
+}
+
 /* Rows j0 .. j0+nk-1 of pages, page by page, into buf (nk, width): converted
- * from 16 bits, or copied. */
+ * from int8 or 16 bits, or copied. */
 static void stage_pages(const attnx_run *r, int values, int64_t b, int64_t hk, int64_t j0, int nk,
                         int64_t width, float *buf)
 {
@@ -106,15 +128,8 @@ static void stage_pages(const attnx_run *r, int values, int64_t b, int64_t hk, i
     for (int64_t j = j0; j < j0 + nk;) {
         const int n = (int)min64(j0 + nk - j, p->pages.size - j % p->pages.size);
         float *to = buf + (j - j0) * width;
-        if (p->k8.data) {
-            const attnx_i8_tensor *t = values ? &p->v8 : &p->k8;
-            const float *sc;
-            const int8_t *from = i8_row_at(p, t, b, hk, j, &sc);
-            r->kt->i8_rows(from, t->sl, sc, t->ssl, n, width, to);
-        } else if (p->k16.data) {
-            const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
-            r->kt->half_rows(p->half_format, t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j),
-                             t->sl, n, width, to);
+        if (converted(p)) {
+            convert_rows(r, values, b, hk, j, n, width, to);
         } else {
             const attnx_tensor *t = values ? &p->v : &p->k;
             const float *from = t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j);
@@ -135,18 +150,8 @@ const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk
         *sl = width;
         return buf;
     }
-    if (p->k8.data) {
-        const attnx_i8_tensor *t = values ? &p->v8 : &p->k8;
-        const float *sc;
-        const int8_t *from = i8_row_at(p, t, b, hk, j0, &sc);
-        r->kt->i8_rows(from, t->sl, sc, t->ssl, nk, width, buf);
-        *sl = width;
-        return buf;
-    }
-    if (p->k16.data) {
-        const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
-        r->kt->half_rows(p->half_format, t->data + kv_offset(p, t->sb, t->sh, t->sl, b, hk, j0),
-                         t->sl, nk, width, buf);
+    if (converted(p)) {
+        convert_rows(r, values, b, hk, j0, nk, width, buf);
         *sl = width;
         return buf;
     }

@@ -187,6 +187,18 @@ static int fill_in_i8(attnx_i8_tensor *t, PyObject *pair, const char *name, cons
     return 1;
 }
 
+/* An empty int8 cache (arrays of no elements may have NULL data): any
+ * non-NULL pointer marks the problem's keys and values as int8. */
+static void mark_int8(attnx_problem *p)
+{
+    static const int8_t none8 = 0;
+    static const float none_scale = 0.0f;
+    if (!p->k8.data) p->k8.data = &none8;
+    if (!p->v8.data) p->v8.data = &none8;
+    if (!p->k8.scale) p->k8.scale = &none_scale;
+    if (!p->v8.scale) p->v8.scale = &none_scale;
+}
+
 /* 16-bit keys and values: float16, or uint16 holding bfloat16 bits (NumPy has no
  * bfloat16 of its own; attnx/_args.py passes ml_dtypes' bfloat16 as a uint16 view). */
 static int half_format_of(PyObject *a)
@@ -214,12 +226,7 @@ static int fill_qkv(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v)
         const npy_intp vshape[4] = {p->B, p->Hk, p->Lk, -1};
         if (!fill_in_i8(&p->v8, v, "v", vshape)) return 0;
         p->Dv = dim(PyTuple_GET_ITEM(v, 0), 3);
-        static const int8_t none8 = 0; /* an empty cache: any non-NULL marks it int8 */
-        static const float none_scale = 0.0f;
-        if (!p->k8.data) p->k8.data = &none8;
-        if (!p->v8.data) p->v8.data = &none8;
-        if (!p->k8.scale) p->k8.scale = &none_scale;
-        if (!p->v8.scale) p->v8.scale = &none_scale;
+        mark_int8(p);
         return 1;
     }
     const int format = half_format_of(k), half = format >= 0 && format == half_format_of(v);
@@ -605,14 +612,7 @@ static PyObject *py_forward_varlen(PyObject *self, PyObject *args)
     if (!fill_kv(&all, 1, v, "v", vshape, half ? format : -1)) return NULL;
     all.Dv = dim(PyTuple_Check(v) ? PyTuple_GET_ITEM(v, 0) : v, 3);
     all.half_format = half ? format : ATTNX_HALF_F16;
-    if (PyTuple_Check(k)) { /* an empty pool: any non-NULL marks it int8 */
-        static const int8_t none8 = 0;
-        static const float none_scale = 0.0f;
-        if (!all.k8.data) all.k8.data = &none8;
-        if (!all.v8.data) all.v8.data = &none8;
-        if (!all.k8.scale) all.k8.scale = &none_scale;
-        if (!all.v8.scale) all.v8.scale = &none_scale;
-    }
+    if (PyTuple_Check(k)) mark_int8(&all);
     if (half && !all.k16.data) { /* an empty pool: any non-NULL marks it half */
         static const uint16_t none = 0;
         all.k16.data = &none;

@@ -655,6 +655,17 @@ static uint16_t small_half(int fmt)
     return (uint16_t)((random_half() & 0x83ffu) | (uint16_t)((12 + (int)(urand() * 6)) << 10));
 }
 
+/* One case: accumulator rows (nq, D), ldacc apart, with the same bits as the
+ * reference's, and the guard after them untouched. */
+static void same_rows(const float *acc, const float *ref, int nq, int D, int64_t ldacc,
+                      const char *what)
+{
+    cur.cases++;
+    for (int i = 0; i < nq; i++)
+        for (int d = 0; d < D; d++) expect_same(acc[i * ldacc + d], ref[i * ldacc + d], what, i, d);
+    expect(acc[nq * ldacc] == GUARD, "%s wrote past its rows", what);
+}
+
 static const char *const FORMAT_NAMES[] = {"half", "bfloat16"}; /* by attnx_half_format */
 
 static void half_case(const attnx_kernels *kt, int fmt, int nq, int nk, int D)
@@ -684,11 +695,7 @@ static void half_case(const attnx_kernels *kt, int fmt, int nq, int nk, int D)
         for (int64_t x = 0; x < nq * ldacc; x++) acc[x] = acc2[x] = nrand();
         kt->pv_half(fmt, st2, 1, LDQ, nq, h, sl, nk, D, rescale ? alpha : NULL, acc, ldacc);
         kt->pv(st2, 1, LDQ, nq, f, D, nk, D, rescale ? alpha : NULL, acc2, ldacc);
-        cur.cases++;
-        for (int i = 0; i < nq; i++)
-            for (int d = 0; d < D; d++)
-                expect_same(acc[i * ldacc + d], acc2[i * ldacc + d], "pv_half", i, d);
-        expect(acc[nq * ldacc] == GUARD, "pv_half wrote past its rows");
+        same_rows(acc, acc2, nq, D, ldacc, "pv_half");
     }
     free(h), free(f), free(ref), free(qr), free(st), free(st2), free(acc), free(acc2);
 }
@@ -1394,11 +1401,7 @@ static void i8_case(const attnx_kernels *kt, int nq, int nk, int D)
         for (int64_t e = 0; e < nq * ldacc; e++) acc[e] = acc2[e] = nrand();
         kt->pv_i8(st2, 1, LDQ, nq, x, sl, sc, ssl, nk, D, rescale ? alpha : NULL, acc, ldacc);
         kt->pv(pt, 1, LDQ, nq, raw, D, nk, D, rescale ? alpha : NULL, acc2, ldacc);
-        cur.cases++;
-        for (int i = 0; i < nq; i++)
-            for (int d = 0; d < D; d++)
-                expect_same(acc[i * ldacc + d], acc2[i * ldacc + d], "pv_i8", i, d);
-        expect(acc[nq * ldacc] == GUARD, "pv_i8 wrote past its rows");
+        same_rows(acc, acc2, nq, D, ldacc, "pv_i8");
     }
     free(x), free(sc), free(raw), free(f), free(ref), free(qr), free(st), free(st2), free(pt);
     free(acc), free(acc2);
