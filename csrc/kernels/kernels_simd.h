@@ -220,9 +220,23 @@ ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64
 #ifndef PREFETCH_LOCALITY
 #define PREFETCH_LOCALITY 2
 #endif
-/* Rows of row_bytes that make AHEAD_BYTES, at least 4. */
-ATTNX_INLINE int64_t rows_ahead(int64_t row_bytes)
+/* int8 rows are a quarter of float32's bytes for the same arithmetic, so
+ * AHEAD_BYTES of them are four times as many rows, yet too few: decoding an
+ * int8 cache is as much compute as reading (GQA on AVX2), and Q·Kᵀ and P·V
+ * take turns a tile at a time, each stream idle while the other runs. A
+ * whole tile ahead, each phase asks for the next tile of its own stream.
+ * Measured on AMD EPYC Zen 3, 2 threads, D=128 (tools/microbench/run.sh
+ * decode with INT8=1, 8 rounds interleaved, medians): H=32 Lk=8192 64 rows
+ * ahead (8 KiB) 13.3 GB/s, 128 rows 15.5; GQA 8 x 4 rows Lk=32768 9.4 and
+ * 9.9; 256 rows 9.5. */
+#ifndef AHEAD_ROWS_I8
+#define AHEAD_ROWS_I8 ATTNX_BK
+#endif
+/* Rows ahead: those of row_bytes that make AHEAD_BYTES, at least 4; int8,
+ * AHEAD_ROWS_I8. */
+ATTNX_INLINE int64_t rows_ahead(int64_t row_bytes, const int kind)
 {
+    if (kind == ROW_I8) return AHEAD_ROWS_I8;
     const int64_t n = AHEAD_BYTES / (row_bytes > 0 ? row_bytes : 1);
     return n < 4 ? 4 : n;
 }
@@ -238,7 +252,7 @@ ATTNX_INLINE void prefetch_row(const void *base, int64_t at, int64_t bytes)
 ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, int64_t k_sl,
                              int nk, float *st, int64_t ldk, const int kind)
 {
-    const int64_t esize = row_esize(kind), ahead = rows_ahead(k_sl * esize);
+    const int64_t esize = row_esize(kind), ahead = rows_ahead(k_sl * esize, kind);
     /* keys a block: 4, or 2 for int8 with 16 vector registers (AVX2), where 4
      * rows x 4 keys of sums, the keys and a query row would spill: converting
      * int8 costs two instructions a vector, and nothing hides them there as
@@ -601,7 +615,7 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
                            const int pf, const int add)
 {
     const VMASK mk = V_MASK(tail ? tail : W);
-    const int64_t esize = row_esize(kind), ahead = pf ? rows_ahead(v_sl * esize) : 0;
+    const int64_t esize = row_esize(kind), ahead = pf ? rows_ahead(v_sl * esize, kind) : 0;
     VF a[PV_MR][PV_NV];
     for (int r = 0; r < MR; r++) {
         const VF s = alpha ? V_SET1(alpha[r]) : V_SET1(1.0f);

@@ -1,9 +1,10 @@
 #define _GNU_SOURCE
 /* attnx_forward() decoding with no Python: one query row per query head,
  * Hq = Hk * G (grouped-query attention with G rows a key/value head), float32
- * keys and values read once a call. Reports the median and best read speed
- * of K and V over the calls.
- *   decode Hk G Lk D threads          (B = 1, Lq = 1)   REPS=n (default 50), HUGE=1 */
+ * keys and values (or int8 with a float32 scale a row: INT8=1) read once a
+ * call. Reports the median and best read speed of K and V (and the scales)
+ * over the calls.
+ *   decode Hk G Lk D threads          (B = 1, Lq = 1)   REPS=n (default 50), HUGE=1, INT8=1 */
 #include "attnx.h"
 #include <math.h>
 #include <stdio.h>
@@ -43,19 +44,32 @@ int main(int argc, char **argv)
         k[i] = (float)rand() / RAND_MAX - .5f;
         v[i] = (float)rand() / RAND_MAX - .5f;
     }
-    const attnx_problem p = {.B = 1,
-                             .Hq = Hq,
-                             .Hk = Hk,
-                             .Lq = 1,
-                             .Lk = Lk,
-                             .D = D,
-                             .Dv = D,
-                             .q = {q, nq, D, D},
-                             .k = {k, nkv, (int64_t)Lk * D, D},
-                             .v = {v, nkv, (int64_t)Lk * D, D},
-                             .out = {o, nq, D, D},
-                             .scale = 1.0f / sqrtf(D),
-                             .num_threads = T};
+    attnx_problem p = {.B = 1,
+                       .Hq = Hq,
+                       .Hk = Hk,
+                       .Lq = 1,
+                       .Lk = Lk,
+                       .D = D,
+                       .Dv = D,
+                       .q = {q, nq, D, D},
+                       .k = {k, nkv, (int64_t)Lk * D, D},
+                       .v = {v, nkv, (int64_t)Lk * D, D},
+                       .out = {o, nq, D, D},
+                       .scale = 1.0f / sqrtf(D),
+                       .num_threads = T};
+    const int int8 = getenv("INT8") && atoi(getenv("INT8"));
+    if (int8) {
+        const size_t nrow = (size_t)Hk * Lk;
+        int8_t *k8 = (int8_t *)alloc(nkv), *v8 = (int8_t *)alloc(nkv);
+        float *ks = alloc(4 * nrow), *vs = alloc(4 * nrow);
+        for (size_t i = 0; i < nkv; i++) {
+            k8[i] = (int8_t)(rand() % 255 - 127);
+            v8[i] = (int8_t)(rand() % 255 - 127);
+        }
+        for (size_t i = 0; i < nrow; i++) ks[i] = vs[i] = 0.5f / 127;
+        p.k8 = (attnx_i8_tensor){k8, nkv, (int64_t)Lk * D, D, ks, nrow, Lk, 1};
+        p.v8 = (attnx_i8_tensor){v8, nkv, (int64_t)Lk * D, D, vs, nrow, Lk, 1};
+    }
     const int reps = getenv("REPS") ? atoi(getenv("REPS")) : 50;
     double *t = malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));
     for (int r = 0; r < reps; r++) {
@@ -64,7 +78,7 @@ int main(int argc, char **argv)
         t[r] = now() - t0;
     }
     qsort(t, (size_t)reps, sizeof *t, by_value);
-    const double bytes = 8.0 * (double)nkv;
+    const double bytes = int8 ? 2.0 * (double)nkv + 8.0 * Hk * Lk : 8.0 * (double)nkv;
     printf("Hk=%d G=%d Lk=%d D=%d T=%d: median %.1f GB/s, best %.1f GB/s\n", Hk, G, Lk, D, T,
            bytes / t[reps / 2] / 1e9, bytes / t[0] / 1e9);
     return 0;
