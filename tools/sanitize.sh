@@ -24,7 +24,7 @@
 #                        ~4 min an ISA here, mostly the hypothesis tests)
 #   ATTNX_SANITIZE_SUBSET  pytest paths for those other ISAs
 #   ATTNX_SANITIZE_C_CASES  cases of tests/c/test_forward.c (tests/c/run.sh, which
-#                        also runs tests/c/test_kernels.c; default 150; 0 skips both)
+#                        also runs tests/c/test_kernels.c; default 60; 0 skips both)
 #   PYTEST_ADDOPTS       passed on to pytest as usual
 #
 # Exits non-zero when a test fails or any sanitizer reports anything (in the
@@ -119,12 +119,12 @@ check_logs() {   # any report file means a sanitizer spoke, even in a child
 }
 
 # ---- 2. the C core tests, leak detection on ----------------------------------
-if [[ ${ATTNX_SANITIZE_C_CASES:-150} != 0 ]]; then
+if [[ ${ATTNX_SANITIZE_C_CASES:-60} != 0 ]]; then
 echo "== C core tests under ASan+UBSan (leak detection on)"
 t0=$SECONDS
 ASAN_OPTIONS="detect_leaks=1:$common" UBSAN_OPTIONS="$ubsan" \
     CFLAGS="$SAN_CFLAGS" LDFLAGS="$SAN_LDFLAGS" \
-    "$tree/tests/c/run.sh" "$CC" "${ATTNX_SANITIZE_C_CASES:-150}" || { check_logs "the C core tests"; exit 1; }
+    "$tree/tests/c/run.sh" "$CC" "${ATTNX_SANITIZE_C_CASES:-60}" || { check_logs "the C core tests"; exit 1; }
 check_logs "the C core tests"
 echo "   $((SECONDS - t0)) s"
 fi
@@ -136,14 +136,16 @@ best=""
 for isa in $isas; do [[ " $available " == *" $isa "* ]] && best=$isa; done
 # the files whose code paths depend on the ISA: the attention itself (values,
 # masks, causal and lengths, GQA and layouts, shapes, the fast path), the
-# gradients, the core's edges, threads and the fuzz corpus
+# gradients, the core's edges, threads, the fuzz corpus, pages and int8
+# caches (test_precision, whose "medium" differs from "highest" only with
+# bfloat16 dot products and which spawns interpreters, runs with the best ISA)
 default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengths.py
     tests/test_gqa_layout.py tests/test_shapes.py tests/test_fast_path.py tests/test_seeds.py
     tests/test_errors.py tests/test_threads.py tests/test_mha.py tests/test_grad.py
     tests/test_core_edges.py tests/test_determinism.py tests/test_fuzz_corpus.py
     tests/test_variant_options.py tests/test_varlen.py tests/test_kvcache.py
     tests/test_variants_torch.py tests/test_bfloat16.py tests/test_mask_grad.py
-    tests/test_paged.py tests/test_precision.py"
+    tests/test_paged.py tests/test_kvcache_int8.py"
 # the files the whole-suite run leaves out: they reach no C code that the
 # others do not (builds of the extension, notebooks and the newcomer's venv in
 # child processes, mypy, the benchmark's tables and plots), and take minutes
