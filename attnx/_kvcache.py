@@ -232,15 +232,21 @@ class KVCache:
         q (batch, Hq, n, head_dim), Hq a multiple of heads (grouped-query
         attention); query i of sequence b sees keys j <= lengths[b] - n + i.
         options: any keyword of :func:`attnx.scaled_dot_product_attention` but
-        the masks and the layout (scale, window, sinks, softcap, alibi_slopes,
-        precision, return_lse, need_weights). Returns what that function returns.
+        ``is_causal`` and the layout (scale, window, sinks, softcap,
+        alibi_slopes, precision, return_lse, need_weights). Returns what that
+        function returns.
+
+        ``attn_mask`` (bool, True = may attend, or additive float),
+        broadcastable to (batch, Hq, n, length), is combined with the causal
+        mask by AND, as a left-padded batch's padding mask is: the sequences
+        must then have one length.
 
         When the sequences' ``lengths`` differ (set through ``lengths``), each is
         computed over its own keys, with its own row of a per-sequence ``sinks``,
         ``alibi_slopes`` (batch, Hq) or ``query_lengths`` (batch,); the weights
         are then (batch, Hq, n, max(lengths)), zero past a sequence's length.
         """
-        for bad in ("attn_mask", "is_causal", "key_lengths", "layout", "enable_gqa"):
+        for bad in ("is_causal", "key_lengths", "layout", "enable_gqa"):
             if bad in options:
                 raise TypeError(f"KVCache.attend sets {bad} itself; got {bad}={options[bad]!r}")
         qa = float_array(q, "q")
@@ -249,6 +255,9 @@ class KVCache:
                              f"{self.head_dim}); got {shape_str(qa)}")
         kw = dict(options, is_causal="lower_right", enable_gqa=True)
         lengths = self._lengths()
+        if options.get("attn_mask") is not None and not (lengths == lengths[:1]).all():
+            raise ValueError(f"KVCache.attend: attn_mask needs sequences of one length; "
+                             f"lengths are {lengths.tolist()}")
         if self.batch and (lengths == lengths[0]).all():
             L = int(lengths[0])       # one call over the filled part: views, no copy
             return self._attend(qa, slice(None), L, kw)
@@ -270,14 +279,15 @@ class KVCache:
         opts = dict(kw)
         need_weights = check_flag(opts.pop("need_weights", False), "need_weights")
         return_lse = check_flag(opts.pop("return_lse", False), "return_lse")
-        check_names(opts, OPTIONS | {"is_causal", "enable_gqa", "scale", "dropout_p"},
+        check_names(opts, OPTIONS | {"is_causal", "enable_gqa", "scale", "dropout_p", "attn_mask"},
                     "KVCache.attend")
         is_causal, enable_gqa = opts.pop("is_causal"), opts.pop("enable_gqa")
         scale, dropout_p = opts.pop("scale", None), opts.pop("dropout_p", 0.0)
+        attn_mask = opts.pop("attn_mask", None)
 
         def shape_only(a: NDArray[Any]) -> NDArray[np.float32]:   # float32 zeros, no memory
             return np.broadcast_to(np.zeros(a.shape[-1], np.float32), a.shape)
-        p = attention_args(q, shape_only(k), shape_only(v), None, dropout_p, is_causal, scale,
+        p = attention_args(q, shape_only(k), shape_only(v), attn_mask, dropout_p, is_causal, scale,
                            enable_gqa, **opts).astype(np.float32, half_kv=True)
         int8_kv = ((k, self.k_scale[rows, :, :L, None]), (v, self.v_scale[rows, :, :L, None]))
         return forward(p, need_weights, return_lse, int8_kv)

@@ -5,11 +5,11 @@ float32), read in place by attn_implementation="attnx".
 Random-weight models built from configs (nothing downloaded): with a float32
 AttnxCache, generate()'s greedy tokens and the logits equal those of the
 model's default cache (Llama GQA, Gemma 2 with softcap and sliding window,
-gpt-oss with sinks, a batch without padding, beam search, output_attentions);
+gpt-oss with sinks, a batch with and without padding, beam search,
+output_attentions);
 with int8, bfloat16 and float16 caches almost every token is the default's
 (the rate is asserted); the cache grows, crops and resets; its placeholders
-are refused under another attention implementation, and a padded batch is
-refused with a message that says why.
+are refused under another attention implementation.
 """
 
 import copy
@@ -141,13 +141,29 @@ def test_refused_under_another_attention_implementation():
         generate(model, prompt(), hf.AttnxCache(model.config), max_new_tokens=2)
 
 
-def test_padded_batch_refused_saying_why():
-    model = build("llama_gqa")
-    ids = prompt(batch=2)
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma2_softcap_window"])
+def test_left_padded_batch(name):
+    """Prompts of different lengths, left-padded: the model's padding mask reaches
+    the cache's attention; the tokens equal the default cache's (float32), and
+    those of each prompt generated alone; an int8 cache generates too."""
+    model = build(name)
+    ids = prompt(batch=3)
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
-    with pytest.raises(ValueError, match="without padding"):
-        generate(model, ids, hf.AttnxCache(model.config), attention_mask=mask, max_new_tokens=2)
+    mask[2, :7] = 0
+    ids = ids * mask                                 # pad_token_id=0 where masked
+    want = generate(model, ids, attention_mask=mask, max_new_tokens=10)
+    got = generate(model, ids, hf.AttnxCache(model.config, dtype="float32"),
+                   attention_mask=mask, max_new_tokens=10)
+    assert got.tolist() == want.tolist()
+    for b, pad in enumerate((0, 4, 7)):
+        alone = generate(model, ids[b:b + 1, pad:], hf.AttnxCache(model.config, dtype="float32"),
+                         max_new_tokens=10)
+        n = alone.shape[1]                  # shorter where it ends at eos, padded in the batch
+        assert alone[0].tolist() == got[b, pad:pad + n].tolist()
+    got8 = generate(model, ids, hf.AttnxCache(model.config, dtype="int8"),
+                    attention_mask=mask, max_new_tokens=10)
+    assert got8.shape == got.shape
 
 
 def test_bad_arguments():

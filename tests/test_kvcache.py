@@ -190,6 +190,42 @@ def test_lse_over_the_cache(isa, rng):
         np.testing.assert_array_equal(out, cache.attend(q))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attn_mask_combines_with_the_causal_mask(isa, rng, dtype):
+    """A left-padded batch: the padding mask (bool, or additive with a bias) ANDed
+    with lower-right causal, a prompt then tokens, against the reference with
+    both masks; a fully masked query row (a pad position) gives zeros."""
+    cache = attnx.KVCache(2, 2, 24, 8, value_dim=6, dtype=dtype)
+    rec = Record(2, 2, 8, 6, dtype)
+    pad = np.array([0, 3])                          # sequence 1 starts 3 positions later
+    for n in (7, 1, 2):
+        k_new, v_new = tokens(rng, cache, n)
+        cache.append(k_new, v_new)
+        rec.append(k_new, v_new)
+        L = rec.k.shape[2]
+        keep = np.arange(L)[None, :] >= pad[:, None]              # (B, L)
+        bias = rng.standard_normal((1, 4, n, L)).astype(np.float32)
+        for mask in (keep[:, None, None, :], np.where(keep[:, None, None, :], bias, -np.inf)):
+            q = randn(rng, (2, 4, n, 8))
+            out, w = cache.attend(q, attn_mask=mask, need_weights=True)
+            want, want_w = attnx.reference(q, rec.k, rec.v, attn_mask=mask, need_weights=True,
+                                           is_causal="lower_right", enable_gqa=True)
+            assert_close(out, want, err_msg=f"{n} token(s), {mask.dtype} mask")
+            assert_close(w, want_w)
+            if n == 7:                                    # query 0 of sequence 1: a pad row
+                assert not out[1, :, 0].any()
+
+
+def test_attn_mask_needs_sequences_of_one_length(rng):
+    cache = attnx.KVCache(2, 2, 8, 4)
+    cache.append(*tokens(rng, cache, 3))
+    cache.lengths = [3, 2]
+    q = randn(rng, (2, 2, 1, 4))
+    with pytest.raises(ValueError, match=r"attn_mask needs sequences of one length; "
+                                         r"lengths are \[3, 2\]"):
+        cache.attend(q, attn_mask=np.ones(2, bool))
+
+
 # ------------------------------------------------------ different lengths
 
 def test_sequences_of_different_lengths(isa, rng):
@@ -352,7 +388,7 @@ def test_float16_cache_refuses_values_it_would_store_as_inf(rng, which):
     ((2, 1, 4), np.float32, {}, ValueError, r"q must be \(batch"),
     ((2, 4, 1, 4), np.int32, {}, TypeError, "q must be float"),
     ((2, 3, 1, 4), np.float32, {}, ValueError, r"query heads \(3\) to be a multiple"),
-    ((2, 4, 1, 4), np.float32, dict(attn_mask=np.ones((1, 2), bool)), TypeError, "attn_mask"),
+    ((2, 4, 1, 4), np.float32, dict(attn_mask=np.ones((1, 3), bool)), ValueError, "attn_mask"),
     ((2, 4, 1, 4), np.float32, dict(is_causal=True), TypeError, "is_causal"),
     ((2, 4, 1, 4), np.float32, dict(key_lengths=[1, 2]), TypeError, "key_lengths"),
     ((2, 4, 1, 4), np.float32, dict(layout="blhd"), TypeError, "layout"),

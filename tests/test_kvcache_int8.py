@@ -129,6 +129,21 @@ def test_prompt_then_tokens_match_reference_on_dequantized_values(isa, rng, shap
                      err_msg=f"after {n} token(s)")
 
 
+def test_attn_mask_combines_with_the_causal_mask(isa, rng):
+    """A left-padded batch's mask over an int8 cache: a prompt (converted tiles)
+    and tokens (the int8 kernels), against float64 over the dequantized values."""
+    cache = attnx.KVCache(2, 2, 300, 16, dtype="int8")
+    for n in (200, 1, 1):
+        cache.append(randn(rng, (2, 2, n, 16)), randn(rng, (2, 2, n, 16)))
+        L = int(cache.lengths[0])
+        mask = (np.arange(L) >= np.array([[0], [5]]))[:, None, None, :]
+        q = randn(rng, (2, 4, n, 16))
+        k, v = dequantized(cache, L)
+        assert_close(cache.attend(q, attn_mask=mask),
+                     attnx.reference(q, k, v, attn_mask=mask, is_causal="lower_right",
+                                     enable_gqa=True), err_msg=f"after {n} token(s)")
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_long_cache_decoding_split_over_threads(rng, threads):
     """One token over 3000 keys: the keys split across threads and merged."""

@@ -191,7 +191,8 @@ class AttnxCache(Cache):  # type: ignore[misc]
     :class:`attnx.KVCache`). ``max_cache_len``: allocate that many tokens
     once (None: grow by doubling). Decoder-only models with full attention
     (sliding-window layers are read with the window, the cache keeping every
-    token); batches without padding.
+    token); batches left-padded or not (the model's padding mask is passed on
+    to :meth:`attnx.KVCache.attend`).
 
     >>> import torch, transformers
     >>> import attnx.integrations.transformers as tr

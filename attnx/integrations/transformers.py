@@ -57,7 +57,11 @@ def _mask_with_bias(mask: Optional[torch.Tensor], bias: torch.Tensor, causal: bo
 
 #: the last mask found causal (held, so that its identity cannot be reused), its
 #: window and key count: the model's layers share one mask a step
-_CHECKED: list[Any] = [None, None, None]
+# The last mask _cached_forward looked at, with its window and length, and what
+# the layers pass on for it: None when it says no more than lower-right causal
+# (within the window), else the mask as a NumPy array. The layers of a step
+# share one mask: it is checked and converted once a step.
+_CHECKED: list[Any] = [None, None, None, None]
 
 
 def _mask_checked(mask: torch.Tensor, window: Any, kv_len: int) -> bool:
@@ -86,17 +90,20 @@ def _causal_mask(mask: torch.Tensor, q_len: int, kv_len: int, window: Any) -> bo
 def _cached_forward(layer: AttnxLayer, query: torch.Tensor, attention_mask: Optional[torch.Tensor],
                     options: dict[str, Any], need_weights: bool,
                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Attention over an AttnxCache layer read in place (lower-right causal,
-    and the window): the model's mask must say no more than that."""
+    """Attention over an AttnxCache layer read in place: lower-right causal and
+    the window, and the model's mask too (a left-padded batch's) when it says
+    more than that."""
     assert layer.cache is not None
     q_len, kv_len = query.shape[2], layer.get_seq_length()
     window = options.get("window")
     if attention_mask is not None and not _mask_checked(attention_mask, window, kv_len):
+        extra = None
         if not _causal_mask(attention_mask, q_len, kv_len, window):
-            raise ValueError("AttnxCache reads a causal cache without padding; this attention "
-                             "mask also masks other keys (a padded batch?): generate one "
-                             "sequence at a time, or batch sequences of one length")
-        _CHECKED[:] = [attention_mask, window, kv_len]
+            m = attention_mask.detach().cpu()
+            extra = (m if m.dtype == torch.bool else m.float()).numpy()
+        _CHECKED[:] = [attention_mask, window, kv_len, extra]
+    if attention_mask is not None and _CHECKED[3] is not None:
+        options = dict(options, attn_mask=_CHECKED[3])
     q = query.detach().float().cpu().numpy()
     weights = None
     layer.pending = False            # its placeholders are read, as they must be
