@@ -1,9 +1,10 @@
 /* The decoding tile kernels alone: NQ = argv[2] query rows (a GQA group)
  * against one tile of ATTNX_BK keys, D = Dv = argv[1], keys and values in
- * float32 (argv[3] = 0), float16 (1), bfloat16 (2) or int8 with scales (3): qk_dot, softmax_rows
- * and pv, each timed in TSC cycles (min over many calls), from L1/L2 (the
- * tile is reused), so what shows is the kernels' own cost per key.
- * x86-64 with AVX-512 only: a tuning tool. */
+ * float32 (argv[3] = 0), float16 (1), bfloat16 (2) or int8 with scales (3):
+ * qk_dot, softmax_rows and pv, each timed in TSC cycles (min over many
+ * calls), from L1/L2 (the tile is reused), so what shows is the kernels' own
+ * cost per key. x86-64 (the kernels' ISA is argv[4], avx512 by default): a
+ * tuning tool. */
 #include "kernels/kernels.h"
 #include <math.h>
 #include <stdio.h>
