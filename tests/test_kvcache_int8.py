@@ -237,8 +237,11 @@ def test_zero_rows_and_a_huge_value_in_the_cache(rng):
 
 def test_int8_cache_refuses_what_the_others_refuse(rng):
     cache = attnx.KVCache(1, 2, 8, 4, dtype="int8")
-    with pytest.raises(TypeError, match="attn_mask"):
-        cache.attend(randn(rng, (1, 2, 1, 4)), attn_mask=np.ones((1, 1), bool))
+    cache.append(randn(rng, (1, 2, 2, 4)), randn(rng, (1, 2, 2, 4)))
+    with pytest.raises(ValueError, match="attn_mask"):
+        cache.attend(randn(rng, (1, 2, 1, 4)), attn_mask=np.ones((1, 3), bool))
+    with pytest.raises(TypeError, match="is_causal"):
+        cache.attend(randn(rng, (1, 2, 1, 4)), is_causal=True)
     with pytest.raises(TypeError, match="windw"):
         cache.attend(randn(rng, (1, 2, 1, 4)), windw=(1, 0))
     with pytest.raises(ValueError, match="k_new must be"):
