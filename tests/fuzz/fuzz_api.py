@@ -1393,9 +1393,9 @@ def kv_options(dec, rng, cache, Hq, nq, T):
             names |= {"alignment", "is_causal"}
             refused = "alignment='upper_left'"
     if dec.chance(10):
-        bad = dec.pick(("attn_mask", "is_causal", "key_lengths", "layout", "enable_gqa", "bogus",
+        bad = dec.pick(("is_causal", "key_lengths", "layout", "enable_gqa", "bogus",
                         "need_weights", "return_lse", "dropout_p"))
-        opts[bad] = {"attn_mask": None, "is_causal": True, "key_lengths": [1], "layout": "bhld",
+        opts[bad] = {"is_causal": True, "key_lengths": [1], "layout": "bhld",
                      "enable_gqa": True, "bogus": 1, "need_weights": "yes", "return_lse": 1,
                      "dropout_p": 0.5}[bad]
         names.add(bad)
