@@ -55,12 +55,11 @@ def _mask_with_bias(mask: Optional[torch.Tensor], bias: torch.Tensor, causal: bo
     return bias + mask
 
 
-#: the last mask found causal (held, so that its identity cannot be reused), its
-#: window and key count: the model's layers share one mask a step
-# The last mask _cached_forward looked at, with its window and length, and what
-# the layers pass on for it: None when it says no more than lower-right causal
-# (within the window), else the mask as a NumPy array. The layers of a step
-# share one mask: it is checked and converted once a step.
+#: the last mask _cached_forward looked at (held, so that its identity cannot be
+#: reused), its window and key count, and what the layers pass on for it: None
+#: when it says no more than lower-right causal (within the window), else the
+#: mask as a NumPy array. The layers of a step share one mask: it is checked and
+#: converted once a step.
 _CHECKED: list[Any] = [None, None, None, None]
 
 
