@@ -150,9 +150,14 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
                    sinks: Optional[ArrayInput] = None, softcap: Optional[float] = None,
                    alibi_slopes: Optional[ArrayInput] = None,
                    alignment: Alignment = None,
-                   precision: Precision = "highest") -> AttentionArgs:
+                   precision: Precision = "highest",
+                   shown_as: Optional[str] = None) -> AttentionArgs:
     """The arguments every attention function shares (those of
     ``scaled_dot_product_attention`` but its outputs' flags), checked.
+
+    ``shown_as``: how a shape error names the arrays, for callers that check
+    views of their own (packed and paged batches check zero-row views, whose
+    shapes the caller never passed); default their shapes as given.
 
     Their names, order and defaults are spelled here once for the code:
     :func:`attnx.reference` passes its arguments on as they came. q, k, v and
@@ -162,7 +167,8 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     enable_gqa = check_flag(enable_gqa, "enable_gqa")
     q, k, v, given = _qkv_views(query, key, value, layout)
     heads_are_batch = given[0].ndim == 3 and layout == "bhld"
-    _check_shapes(q, k, v, given, enable_gqa, heads_are_batch)
+    _check_shapes(q, k, v, shown_as or "query {}, key {}, value {}".format(
+        *(shape_str(a) for a in given)), enable_gqa, heads_are_batch)
     check_dropout(dropout_p)
     causal = causal_code(is_causal)
     Hq, Lq, E = q.shape[-3:]
@@ -206,9 +212,10 @@ def _qkv_views(query: object, key: object, value: object, layout: object) -> Tup
     return q, k, v, given
 
 
-def _check_shapes(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], given: Tuple[NDArray[Any], ...],
+def _check_shapes(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], shapes: str,
                   enable_gqa: bool, three_d: bool) -> None:
-    """q (lead..., Hq, Lq, E), k (lead..., Hk, Lk, E), v (lead..., Hk, Lk, Ev) agree."""
+    """q (lead..., Hq, Lq, E), k (lead..., Hk, Lk, E), v (lead..., Hk, Lk, Ev)
+    agree; an error ends with "; got " and ``shapes``."""
     Hq, E = q.shape[-3], q.shape[-1]
     Hk, Lk, Ek = k.shape[-3:]
     Hv, Lv = v.shape[-3:-1]
@@ -230,7 +237,6 @@ def _check_shapes(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], given: Tupl
                    f"({Hk})")
     else:
         return
-    shapes = "query {}, key {}, value {}".format(*(shape_str(a) for a in given))
     raise ValueError(f"{problem}; got {shapes}")
 
 

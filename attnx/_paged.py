@@ -94,6 +94,15 @@ def _pools(key: object, value: object) -> Tuple[Any, Any]:
     return (unit_last_stride(k).swapaxes(1, 2), unit_last_stride(v).swapaxes(1, 2))
 
 
+def _pool_shapes(key: object, value: object) -> str:
+    """The pools' shapes as the caller passed them, for errors."""
+    def one(x: object, name: str) -> str:
+        if isinstance(x, tuple):
+            return f"{name} ({', '.join(shape_str(np.asarray(a)) for a in x)}) (int8 pages, scales)"
+        return f"{name} {shape_str(np.asarray(x))}"
+    return f"{one(key, 'key')}, {one(value, 'value')} (num_blocks, block_size, Hk, E)"
+
+
 def _check_pool_shape(k: NDArray[Any]) -> None:
     if k.shape[1] < 1:
         raise ValueError(f"pages must hold at least one row (block_size >= 1); got key {shape_str(k)}")
@@ -120,8 +129,10 @@ def _table(block_table: object, lengths: NDArray[np.int64], num_blocks: int,
     bad = used & ((t < 0) | (t >= num_blocks))
     if bad.any():
         i, j = (int(x[0]) for x in np.nonzero(bad))
-        raise ValueError(f"block_table[{i}, {j}] = {t[i, j]} names no page: the pools hold "
-                         f"{num_blocks} pages (0 to {num_blocks - 1})")
+        pools = (f"the pools hold {num_blocks} pages (0 to {num_blocks - 1})" if num_blocks else
+                 f"the pools hold no page (key and value have num_blocks = 0), and sequence {i} "
+                 f"has {lengths[i]} keys")
+        raise ValueError(f"block_table[{i}, {j}] = {t[i, j]} names no page: {pools}")
     return np.array(np.where(used, t, 0), dtype=np.int32)  # unused entries: never read
 
 
@@ -162,11 +173,13 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     s = _per_sequence(sinks, "sinks", n, Hq)
     a = _per_sequence(alibi_slopes, "alibi_slopes", n, Hq)
     # every shared check once, on zero-row views (heads, widths, the options)
+    # (errors name the arrays as passed: query (total, Hq, E), the pools' pages)
     k0 = np.zeros((1, 0, Hk, kpages.shape[3]), np.float32)
     v0 = np.zeros((1, 0, Hk, vpages.shape[3]), np.float32)
     p = attention_args(q[None], k0, v0, layout="blhd", **opts,
                        sinks=None if s is None or n == 0 else s[0],
-                       alibi_slopes=None if a is None or n == 0 else a[0])
+                       alibi_slopes=None if a is None or n == 0 else a[0],
+                       shown_as=f"query {shape_str(q)} (total, Hq, E), {_pool_shapes(key, value)}")
     p = p.astype(np.float32)
     if a is not None:
         lq = np.diff(cq)

@@ -78,7 +78,9 @@ class _Packed:
         # lengths (ALiBi's bias range) is checked per sequence, where it is
         # computed, not against the packed totals.
         attention_args(self.q[None, :0], self.k[None, :0], self.v[None, :0], layout="blhd",
-                       **opts, sinks=self.sinks(0), alibi_slopes=self.slopes(0))
+                       **opts, sinks=self.sinks(0), alibi_slopes=self.slopes(0),
+                       shown_as="query {}, key {}, value {} (total, H, E)".format(
+                           *(shape_str(a) for a in (self.q, self.k, self.v))))
 
     def views(self, i: int) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
         """Sequence i's (1, L, H, E) views of q, k, v."""

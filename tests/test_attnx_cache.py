@@ -13,6 +13,7 @@ are refused under another attention implementation.
 """
 
 import copy
+import sys
 import warnings
 
 import numpy as np
@@ -192,3 +193,85 @@ def test_placeholders_never_read_twice_unnoticed():
                              position_bias=torch.zeros(1, 4, 3, 3))
     out, _ = hf.attention_forward(model.model.layers[0].self_attn, q, keys, values, None)
     assert out.shape == (1, 3, 4, 16) and not cache.layers[0].pending
+
+
+def test_threads_generating_with_their_own_padding():
+    """Issue 42: the padding mask checked once a step belongs to the cache, not
+    to the module. Threads generating at once with caches of their own and
+    batches padded differently (same shapes and other shapes) each get the
+    tokens they get alone (the old module-global memo let a thread apply
+    another's mask, or raise on its shape)."""
+    import threading
+    model = build("llama_gqa")
+    batches = []
+    for t, (batch, pads) in enumerate([(3, (0, 4, 7)), (3, (5, 0, 2)), (2, (0, 6)),
+                                       (3, (1, 1, 0))]):
+        ids = prompt(batch=batch, seed=10 + t)
+        mask = torch.ones_like(ids)
+        for b, pad in enumerate(pads):
+            mask[b, :pad] = 0
+        batches.append((ids * mask, mask))
+    want = [generate(model, ids, hf.AttnxCache(model.config, dtype="float32"),
+                     attention_mask=mask, max_new_tokens=8).tolist() for ids, mask in batches]
+    rounds, got, errors = 3, [[None] * len(batches) for _ in range(3)], []
+    start = threading.Barrier(len(batches))
+
+    def run(i):
+        ids, mask = batches[i]
+        try:
+            start.wait()
+            for r in range(rounds):
+                got[r][i] = generate(model, ids, hf.AttnxCache(model.config, dtype="float32"),
+                                     attention_mask=mask, max_new_tokens=8).tolist()
+        except Exception as e:               # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(batches))]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)          # threads switch often: a shared memo is caught
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    for r in range(rounds):
+        assert got[r] == want
+
+
+def module_state(exclude=("NAMES", "_PLACEHOLDERS")):
+    """Every mutable module-level container of attnx's transformers integration,
+    copied (``NAMES`` changes in register() only; ``_PLACEHOLDERS`` maps each live
+    layer's own placeholder address to it: no call reads another's entry)."""
+    import attnx.integrations as pkg
+    import importlib
+    import pkgutil
+    out = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for name, value in vars(mod).items():
+            if name not in exclude and isinstance(value, (list, dict, set)):
+                out[f"{info.name}.{name}"] = copy.copy(value)
+    return out
+
+
+def test_no_module_global_state_on_the_attention_path():
+    """Issue 42: generating (a left-padded batch, then another) leaves every
+    module-level container of the integration as it was: what a step caches
+    belongs to the cache."""
+    model = build("llama_gqa")
+    before = module_state()
+    for pads in ((0, 3), (2, 0)):
+        ids = prompt(batch=2)
+        mask = torch.ones_like(ids)
+        for b, pad in enumerate(pads):
+            mask[b, :pad] = 0
+        generate(model, ids * mask, hf.AttnxCache(model.config, dtype="float32"),
+                 attention_mask=mask, max_new_tokens=3)
+    after = module_state()
+    assert after.keys() == before.keys()
+    for name in before:
+        assert after[name] == before[name] if not isinstance(before[name], list) else \
+            all(a is b for a, b in zip(after[name], before[name])), name

@@ -105,10 +105,8 @@ def test_pages_laid_out_otherwise_are_gathered(registered, monkeypatch):
     """If read_index were not whole pages in order, the keys are gathered
     (as transformers does) and the tokens stay the same."""
     monkeypatch.setattr(cb, "_block_table", lambda ri, ck, page: None)
-    cb._last_table.clear()
     model = _model(torch.float32)
     assert _generate(model, registered, 16, 24) == _generate(model, "sdpa", 16, 24)
-    cb._last_table.clear()
 
 
 def test_block_table_of_read_index():
@@ -133,12 +131,57 @@ def test_sdpa_is_untouched_by_the_hooks(registered):
     assert len(_generate(model, "sdpa", 16, 24, new=3)[0]) == 3
 
 
-def test_the_hooks_check_the_transformers_version(monkeypatch):
-    assert transformers.__version__.split(".")[0] in cb.TESTED
+def test_register_refuses_releases_outside_the_supported_range(monkeypatch):
+    """Issue 42: a release the integration was not checked on is refused by
+    register() by name and range, before anything is registered (5.0-5.22
+    passed cu_seq_lens_k and the cache otherwise, and every request came back
+    empty)."""
+    lo, hi = cb.SUPPORTED
+    cb.check_version(transformers.__version__)        # the installed one is supported
+    for v in ("5.22.2", "4.57.1", hi + ".0.0", "99.0.0"):
+        with pytest.raises(RuntimeError, match=rf"transformers>={lo},<{hi} .*this is "
+                                               rf"transformers {v}"):
+            cb.check_version(v)
+    for v in (lo + ".0", lo + ".1", "5.24.0", "5.30.0.dev0"):
+        cb.check_version(v)
     # (the module in sys.modules: transformers' lazy module replaces itself there)
-    monkeypatch.setattr(sys.modules["transformers"], "__version__", "99.0.0")
-    with pytest.raises(RuntimeError, match="checked on transformers 5.x; this is 99.0.0"):
-        cb._hooks()
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.22.0")
+    with pytest.raises(RuntimeError, match="this is transformers 5.22.0"):
+        tr.register("attnx_too_old")
+    from transformers import AttentionInterface
+    assert "attnx_too_old" not in AttentionInterface._global_mapping
+
+
+def test_the_extras_admit_the_supported_range():
+    """pyproject's [transformers] and [test] extras say what SUPPORTED says."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    lo, hi = cb.SUPPORTED
+    found = re.findall(r'"transformers([<>=][^"]*)"', text)
+    assert found and all(f == f">={lo},<{hi}" for f in found), found
+
+
+def test_a_failing_step_is_not_silent(registered, monkeypatch):
+    """transformers' loop catches an exception of the attention and hands the
+    requests back without tokens: attnx warns with the error first."""
+    def broken(*args, **kwargs):
+        raise ValueError("broken on purpose")
+
+    monkeypatch.setattr(cb, "varlen_attention", broken)
+    model = _model(torch.float32)
+    with pytest.warns(RuntimeWarning, match="continuous-batching step failed.*broken on purpose"):
+        got = _generate(model, registered, 16, 24, new=2)
+    assert all(len(t) == 0 for t in got)
+
+
+def test_no_module_global_state(registered):
+    """Issue 42: a continuous-batching run leaves the integration's module-level
+    containers as they were (the step's block table is kept by the cache)."""
+    from test_attnx_cache import module_state
+    before = module_state()
+    _generate(_model(torch.float32), registered, 16, 24, new=3)
+    assert module_state() == before
 
 
 def test_a_sliding_window_model_equals_sdpa(registered):

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -211,3 +213,41 @@ def test_the_glue_checks_cu_seqlens_and_pages(rng):
     with pytest.raises(ValueError, match="block_table: sequence 0 has 9223372036854775807 keys"):
         _attnx.forward_varlen(q4, *pools, out, None, cq, np.array([0, 2 ** 63 - 1, 2 ** 63 - 1]),
                               table, _attnx.CAUSAL_NONE, 0.25)
+
+
+@pytest.mark.parametrize("kind", ["float32", "int8"])
+def test_errors_name_the_arrays_as_passed(rng, kind):
+    """Issue 42: shape errors quote the caller's query, pages (and scales) and, for
+    an empty pool, say so in words, never an internal zero-row view."""
+    pages = rng.standard_normal((6, 8, 2, 16), dtype=np.float32)
+    if kind == "int8":
+        pages = (np.zeros((6, 8, 2, 16), np.int8), np.ones((6, 8, 2), np.float32))
+        shown = r"key \(\(6, 8, 2, 16\), \(6, 8, 2\)\) \(int8 pages, scales\)"
+    else:
+        shown = r"key \(6, 8, 2, 16\), value \(6, 8, 2, 16\)"
+    cu, table = [0, 5], [[0]]
+    cases = [(rng.standard_normal((5, 4, 12), dtype=np.float32), {}, "same last dimension E"),
+             (rng.standard_normal((5, 3, 16), dtype=np.float32), {"enable_gqa": True},
+              r"query heads \(3\) to be a multiple of key/value heads \(2\)"),
+             (rng.standard_normal((5, 4, 16), dtype=np.float32), {}, "pass enable_gqa=True")]
+    for q, kw, problem in cases:
+        got = re.escape(f"got query {tuple(q.shape)} (total, Hq, E), ")
+        with pytest.raises(ValueError, match=f"{problem}.*{got}{shown}") as e:
+            attnx.varlen_attention(q, pages, pages, cu, cu, block_table=table, **kw)
+        assert "(1, " not in str(e.value), e.value
+    empty = pages[:0] if kind == "float32" else tuple(a[:0] for a in pages)
+    q = rng.standard_normal((5, 2, 16), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 0 names no page: the pools hold "
+                                         r"no page \(key and value have num_blocks = 0\), and "
+                                         r"sequence 0 has 5 keys") as e:
+        attnx.varlen_attention(q, empty, empty, cu, cu, block_table=table)
+    assert "-1" not in str(e.value)
+
+
+def test_packed_errors_name_the_arrays_as_passed(rng):
+    """The same for packed batches without pages: (total, H, E) as given."""
+    q = rng.standard_normal((5, 4, 12), dtype=np.float32)
+    k = rng.standard_normal((7, 2, 16), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"same last dimension E; got query \(5, 4, 12\), key "
+                                         r"\(7, 2, 16\), value \(7, 2, 16\) \(total, H, E\)$"):
+        attnx.varlen_attention(q, k, k, [0, 5], [0, 7])

@@ -8,6 +8,10 @@
 #      whole pytest suite runs against the installed package, from a copy of tests/
 #      outside the source tree, after asserting that `import attnx` resolves to
 #      that venv's site-packages;
+#   3b. the oldest and the newest transformers release the [transformers] extra
+#      admits (pyproject.toml), each in a fresh venv with the wheel and the extra:
+#      the transformers tests (models, AttnxCache, continuous batching against
+#      sdpa's tokens);
 #   4. the oldest and the newest Python among 3.9-3.13 found on this machine: a
 #      wheel built from the sdist by that Python, installed and tested the same way
 #      (without torch: torch==2.13.0 is not there for them, and an unpinned torch
@@ -144,6 +148,39 @@ if [ -n "$WHEEL" ]; then
     env_test "py$PYV-wheel-numpy1.26" "$PY" "$WHEEL" "numpy==1.26.*" "torch==2.13.0"
     v=$("$WORK/venv-py$PYV-wheel-numpy1.26/bin/python" -c "import numpy; print(numpy.__version__)" 2>/dev/null)
     case "$v" in 1.26.*) ;; *) record "numpy 1.26 really installed" FAIL 0 "got numpy '$v'";; esac
+fi
+
+# ------------------ 3b. the oldest and the newest transformers the extra admits
+# The range is the [transformers] extra's ("transformers>=LO,<HI"): LO pinned, then
+# the newest release below HI, each with the wheel's [transformers] extra.
+TF_RANGE=$(sed -n 's/^transformers = .*"transformers\(>=[0-9.]*,<[0-9.]*\)".*/\1/p' "$ROOT/pyproject.toml")
+TF_OLDEST=$(printf '%s' "$TF_RANGE" | sed -n 's/^>=\([0-9.]*\),.*/\1/p')
+tf_test() {   # tf_test NAME TRANSFORMERS-SPEC
+    local name=$1 spec=$2 venv="$WORK/venv-$1" t=$SECONDS
+    note "$name: the wheel with transformers$spec"
+    rm -rf "$venv"
+    if ! step "venv + install" "$LOG/$name-install.log" \
+            bash -c "'$PY' -m venv '$venv' && '$venv/bin/python' -m pip install -q --no-compile \"\$@\"" _ \
+            "$WHEEL[transformers]" "transformers$spec" "${TEST_DEPS[@]}"; then
+        record "$name" FAIL $((SECONDS - t)) "install failed: $LOG/$name-install.log"
+        return
+    fi
+    local tv; tv=$("$venv/bin/python" -c "import transformers; print(transformers.__version__)" 2>/dev/null)
+    if step "transformers tests" "$LOG/$name-tests.log" \
+            bash -c "cd '$SUITE' && '$venv/bin/python' -m pytest -q -p no:cacheprovider -o timeout=300 \
+                     tests/test_transformers.py tests/test_attnx_cache.py tests/test_continuous_batching.py"; then
+        record "$name" PASS $((SECONDS - t)) "transformers $tv: $(grep -E '[0-9]+ passed' "$LOG/$name-tests.log" | tail -n1)"
+    else
+        record "$name" FAIL $((SECONDS - t)) "transformers $tv: see $LOG/$name-tests.log"
+    fi
+}
+if [ -n "$WHEEL" ]; then
+    if [ -z "$TF_OLDEST" ]; then
+        record "transformers range in pyproject.toml" FAIL 0 "no 'transformers>=LO,<HI' in the [transformers] extra"
+    else
+        tf_test "transformers-oldest" "==$TF_OLDEST"
+        tf_test "transformers-newest" "$TF_RANGE"
+    fi
 fi
 
 # ------------------------------------- 4. oldest and newest Python among 3.9-3.13

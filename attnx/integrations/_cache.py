@@ -55,6 +55,10 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
         self.config = config
         self.cache: Optional[KVCache] = None
         self.pending = False     # placeholders returned that attnx's attention has not read
+        #: the last padding mask the attention checked, shared by the layers of one
+        #: AttnxCache (they see the same mask each step: it is checked once a step);
+        #: see attnx.integrations.transformers._mask_for
+        self.mask_memo: List[Any] = [None, None, None, None]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
@@ -216,5 +220,9 @@ class AttnxCache(Cache):  # type: ignore[misc]
         n = getattr(text, "num_hidden_layers", None)
         if not isinstance(n, int) or n < 1:
             raise ValueError("AttnxCache needs a decoder config with num_hidden_layers")
-        super().__init__(layers=[AttnxLayer(dtype, max_cache_len, config) for _ in range(n)])
+        layers = [AttnxLayer(dtype, max_cache_len, config) for _ in range(n)]
+        memo: List[Any] = [None, None, None, None]
+        for layer in layers:        # one mask a step for the whole model: checked once
+            layer.mask_memo = memo
+        super().__init__(layers=layers)
         self.dtype = dtype

@@ -24,12 +24,21 @@ implementation exactly as it was:
 (``read_index`` runs through whole pages of ``page_size`` rows in position
 order; the pages become a ``block_table`` for :func:`attnx.varlen_attention`),
 and falls back to the gathered rows if a ``read_index`` is ever laid out
-otherwise. Checked against transformers 5.x (``TESTED``); with another major
-version :func:`install` raises rather than guess.
+otherwise.
+
+Releases differ in who calls the paged cache's ``update``: up to 5.23 the
+attention function does (transformers passes the cache as ``kwargs["cache"]``
+and ``cu_seq_lens_k`` still keyed by layer type, as its ``sdpa`` and
+``eager_paged`` functions expect), from 5.24 the model's attention layer does,
+before the attention function. :func:`varlen_forward` calls it where the
+release expects the attention function to (:func:`update_if_needed`). The
+releases the hooks were checked on are ``SUPPORTED``; ``register()`` refuses
+any other.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
@@ -39,10 +48,40 @@ from numpy.typing import NDArray
 from .._varlen import varlen_attention
 from ..torch import _numpy, _threads_for
 
-__all__ = ["install", "varlen_forward", "TESTED"]
+__all__ = ["install", "varlen_forward", "SUPPORTED", "check_version"]
 
-#: transformers' major versions whose continuous batching the hooks were checked on
-TESTED = ("5",)
+#: the transformers releases attnx's integration was checked on: [oldest, first
+#: not admitted). The [transformers] and [test] extras of pyproject.toml say the
+#: same (tests/test_continuous_batching.py compares them); CI tests the oldest
+#: and the newest release in its install matrix.
+SUPPORTED = ("5.23", "6")
+
+
+def _release(version: str) -> Tuple[int, ...]:
+    """A version's release numbers: "5.23.0.dev0" -> (5, 23, 0)."""
+    out = []
+    for part in version.split("+")[0].split("."):
+        digits = ""
+        for c in part:
+            if not c.isdigit():
+                break
+            digits += c
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) != len(part):
+            break
+    return tuple(out)
+
+
+def check_version(version: str) -> None:
+    """Raise RuntimeError naming ``version`` and the supported range unless
+    transformers ``version`` lies in ``SUPPORTED``."""
+    lo, hi = (_release(v) for v in SUPPORTED)
+    if not lo <= _release(version) < hi:
+        raise RuntimeError(f"attnx supports transformers>={SUPPORTED[0]},<{SUPPORTED[1]} (the "
+                           f"releases its integration is tested on); this is transformers "
+                           f"{version}: install one of them (pip install 'attnx[transformers]')")
 
 #: the attention implementation names attnx registered (the hooks act for these)
 NAMES: Set[str] = set()
@@ -58,19 +97,15 @@ class CacheRows(NamedTuple):
     v: torch.Tensor           # (rows, Hk, Dv)
     read_index: torch.Tensor  # (total_k,) int64: request i's keys at rows read_index[ck[i]:ck[i+1]]
     page_size: int
+    memo: Dict[str, Any]      # the cache's own: the last read_index and its block table
 
 
 def _hooks() -> Tuple[Any, Any, Any]:
-    import transformers
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
     from transformers.generation.continuous_batching.cache_allocators import (
         FullAttentionCacheAllocator)
     from transformers.generation.continuous_batching.continuous_api import (
         ContinuousBatchingManager)
-    if transformers.__version__.split(".")[0] not in TESTED:
-        raise RuntimeError(f"attnx's continuous-batching hooks were checked on transformers "
-                           f"{'/'.join(v + '.x' for v in TESTED)}; this is "
-                           f"{transformers.__version__}")
     return ContinuousBatchingManager, PagedAttentionCache, FullAttentionCacheAllocator
 
 
@@ -110,20 +145,16 @@ def install(name: str) -> None:
         write = kwargs["write_index"][allocator.index]
         k_rows.index_copy_(0, write, key_states[0].transpose(0, 1))
         v_rows.index_copy_(0, write, value_states[0].transpose(0, 1))
+        # the step's block table is found once a step, and kept by the cache (not the
+        # module: two managers, in one thread or several, never read each other's)
+        memo = self.__dict__.setdefault("_attnx_table", {})
         kwargs[_ROWS] = CacheRows(k_rows, v_rows, kwargs["read_index"][allocator.index],
-                                  int(allocator.tokens_per_page))
+                                  int(allocator.tokens_per_page), memo)
         return key_states, value_states
 
     switch_to_cb_friendly_attn._attnx = True      # type: ignore[attr-defined]
     manager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
     cache.update = cache_update
-
-
-#: the last read_index, its cu_seqlens_k and page size, and their pages, as one
-#: tuple replaced whole (every layer of a step reads the same index: its pages
-#: are found once a step; a reader holds its own reference, whatever another
-#: thread's continuous batching stores meanwhile)
-_last_table: Dict[str, Any] = {}
 
 
 def _block_table(read_index: NDArray[np.int64], ck: NDArray[np.int64],
@@ -152,15 +183,17 @@ def _block_table(read_index: NDArray[np.int64], ck: NDArray[np.int64],
 def _table_for(rows: CacheRows, ck: NDArray[np.int64]) -> Optional[NDArray[np.int64]]:
     """_block_table, computed again only when the index changes (compared by
     value: the step's index tensor is a slice of a buffer transformers reuses,
-    and inference tensors keep no version counter)."""
+    and inference tensors keep no version counter). The last index, its
+    cu_seqlens_k and page size, and their pages are one tuple in the cache's
+    memo, replaced whole (every layer of a step reads the same index)."""
     ri = rows.read_index.numpy()
-    last = _last_table.get("entry")
+    last = rows.memo.get("entry")
     if last is not None and last[2] == rows.page_size and np.array_equal(last[1], ck) \
             and np.array_equal(last[0], ri):
         table: Optional[NDArray[np.int64]] = last[3]
         return table
     table = _block_table(ri, ck, rows.page_size)
-    _last_table["entry"] = (ri.copy(), ck.copy(), rows.page_size, table)
+    rows.memo["entry"] = (ri.copy(), ck.copy(), rows.page_size, table)
     return table
 
 
@@ -170,8 +203,43 @@ def _pages(t: torch.Tensor, n: int, page: int) -> np.ndarray[Any, Any]:
     return a[:n * page].reshape(n, page, *a.shape[1:])
 
 
-def varlen_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   kwargs: Dict[str, Any], options: Dict[str, Any]) -> torch.Tensor:
+def update_if_needed(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
+                     kwargs: Dict[str, Any]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Call the paged cache's ``update`` where the release expects the attention
+    function to (transformers 5.23: the cache in ``kwargs["cache"]``, and
+    ``cu_seq_lens_k`` still a dict keyed by layer type until it runs); else
+    return key and value as they are (5.24 on: the model called it)."""
+    if not isinstance(kwargs.get("cu_seq_lens_k"), dict):
+        return key, value
+    cache = kwargs.pop("cache", None)
+    if cache is None or not hasattr(cache, "update"):
+        raise RuntimeError("attnx: continuous batching passed cu_seq_lens_k by layer type but "
+                           "no paged cache (kwargs['cache']) to update: this transformers "
+                           "release is not one attnx supports")
+    k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                        kwargs=kwargs)
+    return k, v
+
+
+def varlen_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                   value: torch.Tensor, kwargs: Dict[str, Any],
+                   options: Dict[str, Any]) -> torch.Tensor:
+    """A continuous-batching step's attention, never failing silently:
+    transformers' generation loop catches an exception and hands back the
+    requests empty (with ``.error``), so a failure is also warned about
+    (RuntimeWarning, with the error) before it is raised again."""
+    try:
+        key, value = update_if_needed(module, key, value, kwargs)
+        return _varlen_forward(query, key, value, kwargs, options)
+    except Exception as e:
+        warnings.warn(f"attnx: a continuous-batching step failed; transformers returns the "
+                      f"requests of this batch without tokens: {type(e).__name__}: {e}",
+                      RuntimeWarning, stacklevel=2)
+        raise
+
+
+def _varlen_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    kwargs: Dict[str, Any], options: Dict[str, Any]) -> torch.Tensor:
     """A continuous-batching step's attention: query (1, Hq, total_q, D), the
     requests packed along total_q as ``cu_seq_lens_q`` says; each request's
     queries are the last positions of its ``cu_seq_lens_k`` keys (causal,

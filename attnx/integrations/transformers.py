@@ -26,7 +26,6 @@ transformers and torch are imported only here.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable, Optional, Tuple, cast
 
 import torch
@@ -34,8 +33,8 @@ import torch
 from .._args import Precision, precision_code
 from ..torch import scaled_dot_product_attention as _attention
 from ._cache import AttnxCache, AttnxLayer, layer_of
+from ._continuous_batching import check_version, varlen_forward
 from ._continuous_batching import install as _install_continuous_batching
-from ._continuous_batching import varlen_forward
 
 __all__ = ["register", "attention_forward", "AttnxCache", "NAME"]
 
@@ -53,18 +52,6 @@ def _mask_with_bias(mask: Optional[torch.Tensor], bias: torch.Tensor, causal: bo
     if mask.dtype == torch.bool:
         return bias.masked_fill(~mask, float("-inf"))
     return bias + mask
-
-
-#: the last mask _cached_forward looked at (held, so that its identity cannot be
-#: reused), its window and key count, and what the layers pass on for it: None
-#: when it says no more than lower-right causal (within the window), else the
-#: mask as a NumPy array. The layers of a step share one mask: it is checked and
-#: converted once a step.
-_CHECKED: list[Any] = [None, None, None, None]
-
-
-def _mask_checked(mask: torch.Tensor, window: Any, kv_len: int) -> bool:
-    return _CHECKED[0] is mask and _CHECKED[1] == window and _CHECKED[2] == kv_len
 
 
 def _causal_mask(mask: torch.Tensor, q_len: int, kv_len: int, window: Any) -> bool:
@@ -95,14 +82,23 @@ def _cached_forward(layer: AttnxLayer, query: torch.Tensor, attention_mask: Opti
     assert layer.cache is not None
     q_len, kv_len = query.shape[2], layer.get_seq_length()
     window = options.get("window")
-    if attention_mask is not None and not _mask_checked(attention_mask, window, kv_len):
-        extra = None
-        if not _causal_mask(attention_mask, q_len, kv_len, window):
-            m = attention_mask.detach().cpu()
-            extra = (m if m.dtype == torch.bool else m.float()).numpy()
-        _CHECKED[:] = [attention_mask, window, kv_len, extra]
-    if attention_mask is not None and _CHECKED[3] is not None:
-        options = dict(options, attn_mask=_CHECKED[3])
+    if attention_mask is not None:
+        # The layers of one AttnxCache share a memo (the last mask, held so that its
+        # identity cannot be reused, its window and key count, and what to pass on:
+        # None when it says no more than lower-right causal within the window, else
+        # the mask as a NumPy array): the mask is checked and converted once a step.
+        # It belongs to the cache, not the module: threads generating with caches
+        # of their own never see each other's masks.
+        memo = layer.mask_memo
+        if not (memo[0] is attention_mask and memo[1] == window and memo[2] == kv_len):
+            extra = None
+            if not _causal_mask(attention_mask, q_len, kv_len, window):
+                m = attention_mask.detach().cpu()
+                extra = (m if m.dtype == torch.bool else m.float()).numpy()
+            memo = [attention_mask, window, kv_len, extra]
+            layer.mask_memo[:] = memo
+        if memo[3] is not None:
+            options = dict(options, attn_mask=memo[3])
     q = query.detach().float().cpu().numpy()
     weights = None
     layer.pending = False            # its placeholders are read, as they must be
@@ -158,7 +154,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                        window=(int(sliding) - 1, 0) if sliding else None)
         if s_aux is not None:
             options["sinks"] = s_aux.detach().float().numpy()
-        return varlen_forward(query, key, value, kwargs, options), None
+        return varlen_forward(module, query, key, value, kwargs, options), None
     if dropout and module.training:
         raise ValueError(f"attnx has no attention dropout: the model's attention dropout is "
                          f"{dropout} in training mode; set it to 0.0 in the config (or call "
@@ -213,18 +209,16 @@ def register(name: str = NAME, *, precision: Precision = "highest") -> str:
     attending to its own keys read in place from the paged cache (two small
     hooks, documented in ``attnx.integrations._continuous_batching``).
     """
+    import transformers
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
+    check_version(transformers.__version__)
     precision_code(precision)
     forward: Callable[..., Tuple[torch.Tensor, Optional[torch.Tensor]]] = attention_forward
     if precision != "highest":
         forward = functools.wraps(attention_forward)(
             functools.partial(attention_forward, precision=precision))
+    _install_continuous_batching(name)     # a supported release has what the hooks need
     AttentionInterface.register(name, forward)
-    try:
-        _install_continuous_batching(name)
-    except (ImportError, AttributeError, RuntimeError) as e:   # another transformers: plain models work
-        warnings.warn(f"attnx: transformers' continuous batching (generate_batch) will not take "
-                      f"{name!r}: {e}", RuntimeWarning, stacklevel=2)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
