@@ -42,6 +42,13 @@ def _cache_dtype(dtype: object) -> np.dtype[Any]:
 _F32_MAX = float(np.finfo(np.float32).max)
 #: the largest float32 scale s with 127 · s finite in float32
 _SCALE_MAX = np.uint32(2080440835).view(np.float32)
+#: rows whose largest |x| is below this (127 times float32's smallest normal,
+#: about 1.49e-36) get a subnormal scale, a multiple of 2**-149: their bound
+#: gains INT8_SUBNORMAL_SLACK
+INT8_SUBNORMAL_ROWS = 127 * 2.0 ** -126
+#: what a subnormal scale adds to the bound: half float32's smallest subnormal
+#: (2**-150, about 7.0e-46; the scale rounds up by at most 2**-149)
+INT8_SUBNORMAL_SLACK = 2.0 ** -150
 
 
 def quantize_rows(a: NDArray[Any], name: str) -> Tuple[NDArray[np.int8], NDArray[np.float32]]:
@@ -49,7 +56,11 @@ def quantize_rows(a: NDArray[Any], name: str) -> Tuple[NDArray[np.int8], NDArray
     a row, symmetric, rounded to nearest (ties to even): ``scale = max|x| / 127``
     (rounded up to float32) and ``x ≈ scale * q``, within ``scale / 2`` before
     the product's own float32 rounding, so within ``max|x| / 254`` of the row
-    (to a relative 2e-5 of that bound). A row of zeros has scale 0. NaN or inf
+    (to a relative 2e-5 of that bound). Rows whose largest |x| is below
+    ``INT8_SUBNORMAL_ROWS`` (127 times float32's smallest normal, ~1.5e-36)
+    get a subnormal scale, which rounds up by as much as 2**-149: their bound
+    is ``max|x| / 254 + 2**-150`` (no single scale on the subnormal grid can
+    do better for every such row). A row of zeros has scale 0. NaN or inf
     raise ValueError naming ``name`` and where."""
     x = a.astype(np.float64)
     bad = ~np.isfinite(x)
@@ -92,7 +103,9 @@ class KVCache:
     k[b, h, t]`` (its "dequantized" values, the product rounded to float32).
     Each appended row is quantized symmetrically, ``scale = max|x| / 127``,
     rounded to nearest: every value within ``max|x| / 254`` of what was
-    appended. Attention reads the int8
+    appended (plus 2**-150, half float32's smallest subnormal, for rows whose
+    largest value is below 127 times the smallest normal, ~1.5e-36, where
+    the scale is subnormal). Attention reads the int8
     values and scales in place, in float32 arithmetic. For the other dtypes
     ``k_scale`` and ``v_scale`` are None.
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import attnx
-from attnx._kvcache import quantize_rows
+from attnx._kvcache import INT8_SUBNORMAL_ROWS, INT8_SUBNORMAL_SLACK, quantize_rows
 from conftest import LOW_FLOATS, assert_close, randn
 
 
@@ -35,9 +35,13 @@ def dequantized(cache, L=None):
 
 
 def within_bound(x, stored):
-    """Each dequantized value within max|x| / 254 of its row (to float32 rounding)."""
+    """Each dequantized value within the documented bound: max|x| / 254 of its row
+    (to float32 rounding), plus 2**-150 where max|x| < 127 * 2**-126 (the
+    scale subnormal), and no more."""
+    assert INT8_SUBNORMAL_ROWS == 127 * 2.0 ** -126 and INT8_SUBNORMAL_SLACK == 2.0 ** -150
     x64 = np.asarray(x, np.float64)
-    bound = np.abs(x64).max(axis=-1, keepdims=True) / 254 * (1 + 2e-5) + 2.0 ** -149
+    top = np.abs(x64).max(axis=-1, keepdims=True)
+    bound = top / 254 * (1 + 2e-5) + np.where(top < INT8_SUBNORMAL_ROWS, INT8_SUBNORMAL_SLACK, 0)
     err = np.abs(stored.astype(np.float64) - x64)
     assert (err <= bound).all(), f"error {err.max()} past the bound (row max / 254)"
 
@@ -51,6 +55,12 @@ ROWS = {
     "float32_max": lambda rng: np.full((3, 64), np.finfo(np.float32).max) * np.sign(
         rng.standard_normal((3, 64))),
     "subnormal": lambda rng: rng.standard_normal((3, 64)) * 1e-42,
+    # row maxima from the smallest subnormal to 127 times the smallest normal, the
+    # rows whose scale is subnormal (each row: its maximum and values below it)
+    "subnormal_scales": lambda rng: (2.0 ** rng.uniform(-149, np.log2(127) - 126, (400, 1))
+                                     * np.where(np.arange(16) == 0, 1.0,
+                                                rng.uniform(-1, 1, (400, 16)))),
+    "smallest_subnormal": lambda rng: np.array([[2.0 ** -149, -(2.0 ** -149), 0.0]] * 3),
     "tiny_normal": lambda rng: rng.standard_normal((3, 64)) * 1e-36,
     "exact_multiples": lambda rng: rng.integers(-127, 128, (3, 64)) * 0.5,
     "ties": lambda rng: np.array([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5] + [0.0] * 58] * 3),
