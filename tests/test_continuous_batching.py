@@ -63,8 +63,15 @@ def test_greedy_tokens_equal_sdpa_in_float32(registered, page, max_batch_tokens)
 
 
 def test_greedy_tokens_in_bfloat16_under_inference_mode(registered):
+    """Under torch.inference_mode (inference tensors: no version counters).
+    transformers runs its generation loop in the caller's inference mode from
+    5.24 on; in 5.23 the loop cannot start under it (for "sdpa" too: an
+    in-place update of an inference tensor), so there no_grad stands in."""
     model = _model(torch.bfloat16)
-    with torch.inference_mode():        # inference tensors: no version counters
+    from attnx.integrations._continuous_batching import _release
+    mode = (torch.inference_mode() if _release(transformers.__version__) >= (5, 24)
+            else torch.no_grad())
+    with mode:
         want = _generate(model, "sdpa", 16, 24)
         got = _generate(model, registered, 16, 24)
     same = sum(a == b for x, y in zip(want, got) for a, b in zip(x, y))
@@ -156,7 +163,10 @@ def test_the_extras_admit_the_supported_range():
     """pyproject's [transformers] and [test] extras say what SUPPORTED says."""
     import pathlib
     import re
-    text = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    path = pathlib.Path(__file__).parents[1] / "pyproject.toml"
+    if not path.exists():
+        pytest.skip("run from a copy of tests/ without the source tree (the install matrix)")
+    text = path.read_text()
     lo, hi = cb.SUPPORTED
     found = re.findall(r'"transformers([<>=][^"]*)"', text)
     assert found and all(f == f">={lo},<{hi}" for f in found), found
