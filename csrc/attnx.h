@@ -75,6 +75,23 @@ typedef struct {
     int64_t sb, sh, sq, sk;
 } attnx_mask;
 
+/* A block map of a mask (see attnx_classify_mask): one byte a block of
+ * ATTNX_MAP_ROWS query rows by ATTNX_MAP_KEYS keys, the OR of its entries'
+ * flags, ATTNX_MAP_KEEP (an entry keeps its key) and ATTNX_MAP_DROP (an
+ * entry changes its score: a bool mask's zero, a float mask's nonzero).
+ * Extents (nb, nh, nq, nkb) as attnx_map_dims gives them (1 along an axis the
+ * mask is broadcast along); block (b, h, qb, kb) at data[b*sb + h*sh + qb*sq
+ * + kb]. */
+#define ATTNX_MAP_ROWS 64
+#define ATTNX_MAP_KEYS 32
+#define ATTNX_MAP_KEEP 1
+#define ATTNX_MAP_DROP 2
+typedef struct {
+    const uint8_t *data;
+    int64_t nb, nh, nq, nkb;
+    int64_t sb, sh, sq;
+} attnx_block_map;
+
 /* Per-head lengths (B, Hq) int64: element (b, h) at data[b*sb + h*sh];
  * data NULL = the whole axis. */
 typedef struct {
@@ -206,6 +223,13 @@ typedef struct {
      * the dequantized float32 values (scale · int8, rounded) in scratch. With
      * pages, the scales lie in pages too: (num_pages, size) rows of ssb, ssl. */
     attnx_i8_tensor k8, v8;
+    /* The mask's block map, computed once for a mask used many times
+     * (attnx_classify_mask), or data NULL: each call classifies the mask
+     * itself (one pass over its bytes). Either way, tiles whose blocks keep
+     * nothing are skipped and tiles whose blocks drop nothing are not masked.
+     * Used only where its extents are the mask's in this problem (else the
+     * call classifies); its bytes are trusted to describe the mask. */
+    attnx_block_map mask_map;
 } attnx_problem;
 
 /* Forward attention. Never reads outside the arrays described; writes only
@@ -223,6 +247,18 @@ attnx_status attnx_forward(const attnx_problem *p);
  * problems that ran have written their outputs), or ATTNX_OK. */
 #define ATTNX_BATCH_ALONE_FLOPS 3.2e7
 attnx_status attnx_forward_batch(const attnx_problem *problems, int64_t n, int num_threads);
+
+/* The extents (nb, nh, nq, nkb) of the block map of mask m over the scores
+ * (B, H, Lq, Lk): B or 1 (m->sb == 0), H or 1, ceil(Lq / ATTNX_MAP_ROWS) or 1
+ * (m->sq == 0, or Lq == 0), ceil(Lk / ATTNX_MAP_KEYS) (1 when Lk == 0). */
+void attnx_map_dims(const attnx_mask *m, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
+                    int64_t dims[4]);
+
+/* The block map of mask m (kind bool or float) over the scores (B, H, Lq, Lk)
+ * into out, C-contiguous of attnx_map_dims' extents: one pass over the
+ * mask's bytes on num_threads threads (<= 0: attnx_get_num_threads()). */
+void attnx_classify_mask(const attnx_mask *m, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
+                         uint8_t *out, int num_threads);
 
 /* The check attnx_forward makes before it runs: ATTNX_OK, or the error code
  * it would return with *field (when field is not NULL) naming the member of

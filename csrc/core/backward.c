@@ -214,8 +214,10 @@ static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const tile_split 
     span[1] = max64(span[1], kend);
     tile_split sp = *slice_split;
     bwd_start_block(bj, s, &sp, b, h, i0, nq);
-    for (int64_t j0 = kfrom; j0 < kend; j0 += BK)
-        bwd_tile(bj, s, &sp, dm, to, b, h, i0, nq, j0, (int)min64(BK, kend - j0));
+    int nk; /* tiles of keys the mask keeps: where it empties them, P = dS = 0 */
+    for (int64_t j0 = kfrom; (j0 = attnx_next_tile(&bj->run, b, h, i0, nq, j0, kend, &nk)) < kend;
+         j0 += nk)
+        bwd_tile(bj, s, &sp, dm, to, b, h, i0, nq, j0, nk);
     for (int i = 0; i < nq; i++)
         for (int64_t e = 0; e < p->D; e++)
             dq[i * dq_sl + e] += p->scale * s->dqacc[i * bj->plan.ldqa + e];
@@ -285,8 +287,9 @@ static void mask_pass_group(const bwd_job *bj, const bwd_scratch *s, const attnx
             if (nq == 0 || j_from >= j_to) continue;
             tile_split none = no_split;
             bwd_start_block(bj, s, &none, b, h, i0, nq);
-            for (int64_t j0 = j_from; j0 < j_to; j0 += BK) {
-                const int nk = (int)min64(BK, j_to - j0);
+            int nk; /* dS = 0 where the mask empties the tiles: they add nothing */
+            for (int64_t j0 = j_from;
+                 (j0 = attnx_next_tile(&bj->run, b, h, i0, nq, j0, j_to, &nk)) < j_to; j0 += nk) {
                 tile_ds(bj, s, &none, b, h, i0, nq, j0, nk);
                 bj->run.kt->softmax_bwd(s->st, s->dpt, BQ, nq, nk, s->dvec);
                 add_mask_grad(acc, s->dpt, 0, 0, i0 - i_from, nq, j0 - c0, nk);
@@ -562,8 +565,13 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
     if (st != ATTNX_OK || g->f.B == 0 || g->f.Hk == 0) return st;
     bwd_job bj = {.run = attnx_run_of(&g->f), .g = g};
     if ((st = attnx_plan_backward(&bj.run, g->dmask.data != NULL, &bj.plan)) != ATTNX_OK) return st;
+    uint8_t *map = NULL;
+    if ((st = attnx_run_map(&bj.run, bj.plan.threads, &map)) != ATTNX_OK) return st;
     plan_mask_grad(&bj);
-    if ((st = alloc_scratch(&bj)) != ATTNX_OK) return st;
+    if ((st = alloc_scratch(&bj)) != ATTNX_OK) {
+        free(map);
+        return st;
+    }
     attnx_parallel_items(bj.plan.threads, g->f.B * g->f.Hq, dsum_item, &bj);
     attnx_parallel_items(bj.plan.threads, bj.plan.n_items, bwd_item, &bj);
     if (bj.plan.nsplit > 1) bwd_merge_dq(&bj);
@@ -574,5 +582,6 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
                              &bj);
     }
     free_scratch(&bj, bj.plan.threads);
+    free(map);
     return ATTNX_OK;
 }

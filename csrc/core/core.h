@@ -175,9 +175,36 @@ typedef struct {
     int pv_tiles;     /* bf16_dots and kt->pv_bf16, Dv % 16 == 0: their blocks' P·V on tiles */
     int64_t split_dp; /* float32 on tiles (kt->qk_split): D rounded up to 32; else 0 */
     int split_pv;     /* and P·V on tiles too (kt->pv_split, Dv % 16 == 0) */
+    /* the mask's block map (blockmap.c), or NULL: block (b, h, qb, kb) at
+     * map[b*map_sb + h*map_sh + qb*map_sq + kb], strides 0 where broadcast */
+    const uint8_t *map;
+    int64_t map_sb, map_sh, map_sq;
 } attnx_run;
 
 attnx_run attnx_run_of(const attnx_problem *p); /* plan.c */
+
+/* ---- block maps of masks (blockmap.c) --------------------------------------- */
+
+/* Blocks along an axis of n entries, per_block a block; 1 when the axis is
+ * broadcast (stride 0) or empty. */
+int64_t attnx_map_extent(int64_t stride, int64_t n, int64_t per_block);
+
+/* r->map for r's problem: the problem's own map where its extents fit, else
+ * one classified now into *owned (the caller frees it); NULL without a mask. */
+attnx_status attnx_run_map(attnx_run *r, int num_threads, uint8_t **owned);
+
+/* The next tile of keys that queries [i0, i0 + nq) of head (b, h) meet from
+ * key j0 on, below kstop: its first key (kstop when none is left) and *nk,
+ * at most BK keys, trimmed to blocks of the map that keep (the whole range,
+ * BK at a time, without a map). */
+int64_t attnx_next_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                        int64_t j0, int64_t kstop, int *nk);
+
+/* The OR of the map's flags over queries [i0, i0 + nq) and keys [j0, j0 + nk)
+ * of head (b, h): no ATTNX_MAP_KEEP, the tile is all masked (skip it); no
+ * ATTNX_MAP_DROP, the mask changes nothing there. Both flags without a map. */
+int attnx_tile_flags(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0,
+                     int64_t nk);
 
 /* Rows j0 .. j0+nk-1 of key/value head (b, hk) of the keys (values = 0) or the
  * values (1), as float32 rows *sl floats apart: the array itself, or, for

@@ -247,6 +247,7 @@ static int fold_gqa_decode(const attnx_problem *p, attnx_problem *f)
     f->lse.sl = p->lse.sh, f->lse.sh = G * p->lse.sh;
     f->mask.sq = p->mask.sh, f->mask.sh = G * p->mask.sh;
     f->key_lengths.sh = G * p->key_lengths.sh;
+    f->mask_map.data = NULL; /* a map of the unfolded axes: classified again */
     return 1; /* weights (B, Hq, 1, Lk) C-contiguous are (B, Hk, G, Lk) C-contiguous */
 }
 
@@ -262,13 +263,19 @@ attnx_status attnx_forward(const attnx_problem *p)
         atomic_init(&jb.done[x], 0);
     }
     if ((st = attnx_plan_forward(&jb.run, &jb.plan)) != ATTNX_OK) return st;
-    if ((st = alloc_scratch(&jb)) != ATTNX_OK) return st;
+    uint8_t *map = NULL;
+    if ((st = attnx_run_map(&jb.run, jb.plan.threads, &map)) != ATTNX_OK) return st;
+    if ((st = alloc_scratch(&jb)) != ATTNX_OK) {
+        free(map);
+        return st;
+    }
     if (!jb.kparts)
         attnx_parallel_items(jb.plan.threads, jb.plan.n_items, run_item, &jb);
     else /* every head's split and items */
         attnx_parallel_items(jb.plan.threads, p->B * p->Hk + jb.plan.n_items, run_task, &jb);
     if (jb.plan.nsplit > 1) attnx_merge_partials(&jb);
     free_scratch(&jb, jb.plan.threads);
+    free(map);
     return ATTNX_OK;
 }
 

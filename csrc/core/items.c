@@ -9,7 +9,9 @@
  *
  * Causal masks and key lengths shorten the range of keys visited (whole
  * tiles are skipped); only tiles on the diagonal are masked element by
- * element. */
+ * element. So does a mask's block map (blockmap.c): a tile it empties is
+ * skipped, one it keeps whole is not masked (the weights' passes visit
+ * every tile: they write every weight). */
 #include <math.h>
 #include <string.h>
 
@@ -241,8 +243,11 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
 {
     const int nq = it->nq;
     const item_path path = start_rows(jb, s, it);
-    for (int64_t j0 = kbeg; j0 < kstop; j0 += BK) {
-        const int nk = (int)min64(BK, kstop - j0);
+    /* tiles of keys the mask keeps: what it empties adds nothing to the rows */
+    int nk;
+    for (int64_t j0 = kbeg;
+         (j0 = attnx_next_tile(&jb->run, it->b, it->h, it->i0, nq, j0, kstop, &nk)) < kstop;
+         j0 += nk) {
         scores(jb, s, it, j0, nk, path.queries);
         softmax_tile(jb, s, it, nk);
         add_values(jb, s, it, j0, nk, s->alpha, &path);

@@ -86,6 +86,7 @@ static void mask_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int 
 {
     const attnx_mask *m = &r->p->mask;
     if (m->kind == ATTNX_MASK_NONE) return;
+    if (!(attnx_tile_flags(r, b, h, i0, nq, j0, nk) & ATTNX_MAP_DROP)) return; /* keeps all */
     const int64_t at = b * m->sb + h * m->sh + i0 * m->sq + j0 * m->sk;
     const int64_t ld = t->rows ? BK : BQ, s_lane = t->rows ? m->sk : m->sq;
     const int64_t s_line = t->rows ? m->sq : m->sk;

@@ -1,0 +1,205 @@
+/* Block maps of masks: which tiles of a mask keep nothing, drop nothing, or
+ * both, so that the passes skip the first (no products, no softmax, no reads
+ * of K or V) and apply no mask to the second.
+ *
+ * A map covers the mask (B, Hq, Lq, Lk) in blocks of ATTNX_MAP_ROWS query
+ * rows by ATTNX_MAP_KEYS keys, one byte a block, the OR of its entries'
+ * flags:
+ *   ATTNX_MAP_KEEP  some entry keeps its key   (bool: nonzero; float: not -inf)
+ *   ATTNX_MAP_DROP  some entry changes a score (bool: zero;    float: not 0)
+ * A tile is empty when no block it meets keeps, full when none drops. Axes a
+ * mask is broadcast along (stride 0) have one block: a mask shared by heads
+ * (or batch, or queries) is read once. Reading is the one pass over the
+ * mask's bytes, row by row, each block's scan stopping once it holds both
+ * flags; it allocates nothing of Lq×Lk.
+ *
+ * The map only removes work the mask makes void: an empty tile's scores
+ * would all be -inf (its rows' sums gain exactly 0), a full tile's mask
+ * leaves every score as it is. One difference in float masks: a NaN or inf
+ * score in a tile whose mask is -inf everywhere (s + -inf is NaN for s NaN
+ * or +inf) no longer reaches its row, as it does not with a bool mask. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+
+/* The flags of n entries of a bool mask, `sk` bytes apart. */
+static int flags_bool(const unsigned char *x, int64_t sk, int64_t n)
+{
+    unsigned any = 0, all = 1;
+    if (sk == 1)
+        for (int64_t j = 0; j < n; j++) { /* vectorised by the compiler */
+            any |= x[j];
+            all &= x[j] != 0;
+        }
+    else
+        for (int64_t j = 0; j < n; j++) {
+            any |= x[j * sk];
+            all &= x[j * sk] != 0;
+        }
+    return (any ? ATTNX_MAP_KEEP : 0) | (all ? 0 : ATTNX_MAP_DROP);
+}
+
+/* The flags of n entries of a float mask, `sk` floats apart. */
+static int flags_float(const float *x, int64_t sk, int64_t n)
+{
+    int keep = 0, drop = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const float v = x[j * sk];
+        keep |= !(v == -INFINITY);
+        drop |= !(v == 0.0f);
+    }
+    return (keep ? ATTNX_MAP_KEEP : 0) | (drop ? ATTNX_MAP_DROP : 0);
+}
+
+int64_t attnx_map_extent(int64_t stride, int64_t n, int64_t per_block)
+{
+    return stride == 0 || n == 0 ? 1 : (n + per_block - 1) / per_block;
+}
+
+/* One row of blocks of the map: query rows [i0, i0 + rows) of the mask at
+ * `at` (element offset of (b, h, i0, 0)) into out (nkb). */
+static void classify_rows(const attnx_mask *m, int64_t at, int64_t rows, int64_t Lk, uint8_t *out)
+{
+    const int64_t nkb = attnx_map_extent(1, Lk, ATTNX_MAP_KEYS);
+    memset(out, 0, (size_t)nkb);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t kb = 0; kb < nkb; kb++) {
+            if (out[kb] == (ATTNX_MAP_KEEP | ATTNX_MAP_DROP)) continue;
+            const int64_t j0 = kb * ATTNX_MAP_KEYS, n = min64(ATTNX_MAP_KEYS, Lk - j0);
+            const int64_t e = at + i * m->sq + j0 * m->sk;
+            out[kb] |= (uint8_t)(m->kind == ATTNX_MASK_BOOL
+                                     ? flags_bool((const unsigned char *)m->data + e, m->sk, n)
+                                     : flags_float((const float *)m->data + e, m->sk, n));
+        }
+}
+
+typedef struct {
+    const attnx_mask *m;
+    int64_t Lq, Lk, nh, nq, nkb;
+    uint8_t *out;
+} classify_job;
+
+static void classify_item(void *arg, int tid, int64_t item)
+{
+    (void)tid;
+    const classify_job *cj = arg;
+    const attnx_mask *m = cj->m;
+    const int64_t qb = item % cj->nq, h = item / cj->nq % cj->nh, b = item / cj->nq / cj->nh;
+    const int64_t i0 = qb * ATTNX_MAP_ROWS;
+    const int64_t rows = m->sq == 0 ? min64(1, cj->Lq) : min64(ATTNX_MAP_ROWS, cj->Lq - i0);
+    classify_rows(m, b * m->sb + h * m->sh + i0 * m->sq, rows, cj->Lk, cj->out + item * cj->nkb);
+}
+
+void attnx_map_dims(const attnx_mask *m, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
+                    int64_t dims[4])
+{
+    dims[0] = m->sb ? B : 1;
+    dims[1] = m->sh ? H : 1;
+    dims[2] = attnx_map_extent(m->sq, Lq, ATTNX_MAP_ROWS);
+    dims[3] = attnx_map_extent(1, Lk, ATTNX_MAP_KEYS);
+}
+
+void attnx_classify_mask(const attnx_mask *m, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
+                         uint8_t *out, int num_threads)
+{
+    int64_t d[4];
+    attnx_map_dims(m, B, H, Lq, Lk, d);
+    if (B == 0 || H == 0 || Lq == 0 || Lk == 0) {
+        memset(out, 0, (size_t)(d[0] * d[1] * d[2] * d[3]));
+        return;
+    }
+    classify_job cj = {.m = m, .Lq = Lq, .Lk = Lk, .nh = d[1], .nq = d[2], .nkb = d[3], .out = out};
+    const int64_t items = d[0] * d[1] * d[2];
+    int nt = num_threads > 0 ? num_threads : attnx_get_num_threads();
+    /* a thread a few MiB of mask at least */
+    const double bytes = (double)items * ATTNX_MAP_ROWS * (double)Lk;
+    if (bytes < 4e6 * nt) nt = (int)(bytes / 4e6) + 1;
+    if (nt > items) nt = (int)items;
+    attnx_parallel_items(nt < 1 ? 1 : nt, items, classify_item, &cj);
+}
+
+attnx_status attnx_run_map(attnx_run *r, int num_threads, uint8_t **owned)
+{
+    const attnx_problem *p = r->p;
+    *owned = NULL;
+    r->map = NULL;
+    if (p->mask.kind == ATTNX_MASK_NONE || p->Lq == 0 || p->Lk == 0) return ATTNX_OK;
+    int64_t d[4];
+    attnx_map_dims(&p->mask, p->B, p->Hq, p->Lq, p->Lk, d);
+    const attnx_block_map *given = &p->mask_map;
+    if (given->data && given->nb == d[0] && given->nh == d[1] && given->nq == d[2] &&
+        given->nkb == d[3]) {
+        r->map = given->data;
+        r->map_sb = d[0] > 1 ? given->sb : 0;
+        r->map_sh = d[1] > 1 ? given->sh : 0;
+        r->map_sq = d[2] > 1 ? given->sq : 0;
+        return ATTNX_OK;
+    }
+    size_t n;
+    if (!mul_ok((size_t)(d[0] * d[1]), (size_t)(d[2] * d[3]), &n)) return ATTNX_ERR_OVERFLOW;
+    uint8_t *map = malloc(n ? n : 1);
+    if (!map) return ATTNX_ERR_NOMEM;
+    attnx_classify_mask(&p->mask, p->B, p->Hq, p->Lq, p->Lk, map, num_threads);
+    r->map = map;
+    r->map_sq = d[2] > 1 ? d[3] : 0;
+    r->map_sh = d[1] > 1 ? d[2] * d[3] : 0;
+    r->map_sb = d[0] > 1 ? d[1] * d[2] * d[3] : 0;
+    *owned = map;
+    return ATTNX_OK;
+}
+
+int64_t attnx_next_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                        int64_t j0, int64_t kstop, int *nk)
+{
+    if (!r->map || j0 >= kstop) {
+        *nk = (int)min64(BK, kstop - j0);
+        return j0;
+    }
+    const uint8_t *at = r->map + b * r->map_sb + h * r->map_sh;
+    const int64_t q0 = r->map_sq ? i0 / ATTNX_MAP_ROWS : 0;
+    const int64_t q1 = r->map_sq ? (i0 + nq - 1) / ATTNX_MAP_ROWS : 0;
+    /* keeps(kb): whether key block kb keeps a key of any of the rows */
+#define KEEPS(kb, out)                                                          \
+    do {                                                                        \
+        out = 0;                                                                \
+        for (int64_t qb = q0; qb <= q1; qb++) out |= at[qb * r->map_sq + (kb)]; \
+        out &= ATTNX_MAP_KEEP;                                                  \
+    } while (0)
+    int64_t kb = j0 / ATTNX_MAP_KEYS;
+    const int64_t last = (kstop - 1) / ATTNX_MAP_KEYS;
+    int keeps;
+    for (;; kb++) { /* the first block at or after j0 that keeps */
+        if (kb > last) {
+            *nk = 0;
+            return kstop;
+        }
+        KEEPS(kb, keeps);
+        if (keeps) break;
+    }
+    const int64_t from = max64(j0, kb * ATTNX_MAP_KEYS);
+    const int64_t stop = min64(kstop, from + BK);
+    int64_t end = from; /* the end of the last block that keeps, up to stop */
+    for (int64_t c = kb; c * ATTNX_MAP_KEYS < stop; c++) {
+        KEEPS(c, keeps);
+        if (keeps) end = min64(stop, (c + 1) * ATTNX_MAP_KEYS);
+    }
+#undef KEEPS
+    *nk = (int)(end - from);
+    return from;
+}
+
+int attnx_tile_flags(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0,
+                     int64_t nk)
+{
+    if (!r->map) return ATTNX_MAP_KEEP | ATTNX_MAP_DROP;
+    if (nq <= 0 || nk <= 0) return 0;
+    const uint8_t *at = r->map + b * r->map_sb + h * r->map_sh;
+    const int64_t q1 = r->map_sq ? (i0 + nq - 1) / ATTNX_MAP_ROWS : 0;
+    const int64_t k0 = j0 / ATTNX_MAP_KEYS, k1 = (j0 + nk - 1) / ATTNX_MAP_KEYS;
+    int flags = 0;
+    for (int64_t qb = r->map_sq ? i0 / ATTNX_MAP_ROWS : 0; qb <= q1; qb++)
+        for (int64_t kb = k0; kb <= k1; kb++) flags |= at[qb * r->map_sq + kb];
+    return flags;
+}
