@@ -14,10 +14,11 @@ import numpy as np
 from setuptools import Extension, setup
 
 # the core's sources come from csrc/sources.txt (the one list every build reads),
-# the glue is csrc/python/module.c
+# the glue is every csrc/python/*.c
 with open(os.path.join("csrc", "sources.txt")) as f:
     core = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-sources = [os.path.join("csrc", *name.split("/")) for name in core + ["python/module.c"]]
+glue = sorted(glob.glob(os.path.join("csrc", "python", "*.c")))
+sources = [os.path.join("csrc", *name.split("/")) for name in core] + glue
 # every header (and the SIMD bodies the kernel files include): build_ext rebuilds
 # the extension when one is newer than it (`build_ext --inplace` after a header edit)
 depends = sorted(glob.glob(os.path.join("csrc", "**", "*.h"), recursive=True))

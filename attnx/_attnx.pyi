@@ -1,4 +1,4 @@
-"""Type stub of ``attnx._attnx``, the C extension (csrc/python/module.c).
+"""Type stub of ``attnx._attnx``, the C extension (csrc/python/).
 
 Use the public API in :mod:`attnx` instead: ``forward`` expects arguments that
 ``attnx.scaled_dot_product_attention`` has already checked and normalised.

@@ -3,8 +3,8 @@
  *   out = softmax(scale * Q Kᵀ + mask) V
  *
  * The C core knows nothing of Python: one problem struct of pointers and
- * element strides goes in, an error code comes out. A caller (python/module.c,
- * or a plain C test) fills the struct and calls attnx_forward().
+ * element strides goes in, an error code comes out. A caller (the glue in
+ * python/, or a plain C test) fills the struct and calls attnx_forward().
  *
  * Shapes, in elements; every array's last axis is contiguous (stride 1):
  *   q       (B, Hq, Lq, D)

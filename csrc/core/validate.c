@@ -1,7 +1,7 @@
 /* Validation: what the core needs to run a problem without reading or
  * writing outside the arrays described, checked before anything is written.
  * Each check names the member of the problem at fault, so that a caller can
- * say which of its arguments is wrong (python/module.c does). */
+ * say which of its arguments is wrong (python/problem.c does). */
 #include <math.h>
 
 #include "core/core.h"
