@@ -8,6 +8,7 @@ Public API
 scaled_dot_product_attention  PyTorch's F.scaled_dot_product_attention, for NumPy
 MultiHeadAttention            the Transformer's multi-head layer (as torch.nn's)
 causal_mask, padding_mask     the boolean masks (True = may attend)
+BlockMask                     a mask classified once: its empty blocks skipped
 reference                     the same attention in float64 NumPy (a test oracle)
 plot_attention                heatmaps of attention weights (needs matplotlib: attnx[plot])
 get_num_threads, set_num_threads, isa
@@ -41,6 +42,7 @@ from ._functional import scaled_dot_product_attention
 from ._grad import (AttentionGrads, merge_attention, reference_backward,
                     scaled_dot_product_attention_backward, scaled_dot_product_attention_vjp)
 from ._masks import causal_mask, padding_mask
+from ._blockmask import BlockMask
 from ._mha import MultiHeadAttention
 from ._plot import plot_attention
 from ._reference import reference
@@ -59,6 +61,7 @@ __all__ = [
     "MultiHeadAttention",
     "causal_mask",
     "padding_mask",
+    "BlockMask",
     "plot_attention",
     "reference",
     "varlen_attention",

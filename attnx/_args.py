@@ -25,6 +25,7 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 import numpy as np
 from numpy.typing import NDArray
 
+from ._blockmask import split_block_mask
 from ._arrays import (ArrayInput, F32, SupportsDLPack, as_array, as_float, astype_broadcast,
                       bfloat16_arrays, bfloat16_view, check_float32_range, check_range,
                       float_array, integer_array, is_bfloat16, is_float_dtype, shape_str,
@@ -67,6 +68,7 @@ class AttentionArgs(NamedTuple):
     ndim: int                               # of query as passed (2: a leading axis was added)
     variants: Variants = NO_VARIANTS
     q_bfloat16: bool = False                # q holds bfloat16 values (converted by astype)
+    mask_blocks: Optional[NDArray[np.uint8]] = None  # (batch..., Hq, nq, nk): a BlockMask's
 
     def astype(self, dtype: type[np.floating[Any]], half_kv: bool = False) -> AttentionArgs:
         """q, k, v and a float mask converted to ``dtype`` (float32 for the C
@@ -175,7 +177,10 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     Lk = k.shape[-2]
     scale_f = scale_value(scale, E)
     batch_shape = q.shape[:-3]
-    mask = None if attn_mask is None else _mask_view(attn_mask, batch_shape + (Hq, Lq, Lk))
+    given_mask, blocks = split_block_mask(attn_mask)
+    mask = None if given_mask is None else _mask_view(given_mask, batch_shape + (Hq, Lq, Lk))
+    if blocks is not None:         # its classes of blocks, broadcast as the mask is
+        blocks = np.broadcast_to(blocks, batch_shape + (Hq,) + blocks.shape[-2:])
 
     B = math.prod(batch_shape)
     lead = (Hq,) if heads_are_batch else batch_shape
@@ -187,7 +192,7 @@ def attention_args(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     variants = variant_args(window, sinks, softcap, alibi_slopes, alignment, causal,
                             batch_shape + (Hq,), B, Hq, Lq, Lk, precision)
     return AttentionArgs(q, k, v, mask, kl, ql, causal, scale_f, batch_shape, str(layout),
-                         given[0].ndim, variants)
+                         given[0].ndim, variants, mask_blocks=blocks)
 
 
 def _qkv_views(query: object, key: object, value: object, layout: object) -> Tuple[

@@ -15,7 +15,8 @@ def forward(
     v: NDArray[np.float32] | NDArray[np.float16],
     out: NDArray[np.float32],
     weights: NDArray[np.float32] | None,
-    mask: NDArray[np.bool_] | NDArray[np.float32] | NDArray[Any] | None,
+    mask: NDArray[np.bool_] | NDArray[np.float32] | NDArray[Any]
+          | tuple[NDArray[Any], NDArray[np.uint8]] | None,
     key_lengths: NDArray[np.int64] | None,
     query_lengths: NDArray[np.int64] | None,
     causal: int,
@@ -118,7 +119,8 @@ def backward(
     dk: NDArray[np.float32],
     dv: NDArray[np.float32],
     dmask: NDArray[np.float32] | None,
-    mask: NDArray[np.bool_] | NDArray[np.float32] | NDArray[Any] | None,
+    mask: NDArray[np.bool_] | NDArray[np.float32] | NDArray[Any]
+          | tuple[NDArray[Any], NDArray[np.uint8]] | None,
     key_lengths: NDArray[np.int64] | None,
     query_lengths: NDArray[np.int64] | None,
     causal: int,
@@ -154,3 +156,15 @@ PRECISION_HIGHEST: int
 """The ``precision`` code of a variant: every product exact to float32."""
 PRECISION_MEDIUM: int
 """Products of bfloat16 roundings allowed (computed as HIGHEST by a kernel without them)."""
+
+def classify_mask(mask: NDArray[np.bool_] | NDArray[np.float32] | NDArray[Any], threads: int,
+                  /) -> NDArray[np.uint8]:
+    """Private: the block map of a bool or float32 mask (B, H, Lq, Lk) (strides 0
+    where broadcast): uint8 (nb, nh, nq, nkb), 1 along broadcast axes, one byte a
+    block of MAP_ROWS query rows by MAP_KEYS keys, the OR of MAP_KEEP and MAP_DROP.
+    Releases the GIL. (A forward's or backward's mask may be a (mask, map) pair.)"""
+
+MAP_ROWS: int
+MAP_KEYS: int
+MAP_KEEP: int
+MAP_DROP: int

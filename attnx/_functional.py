@@ -53,6 +53,11 @@ class _CoreCall(NamedTuple):
     weights: Optional[NDArray[Any]]
     lse: Optional[NDArray[Any]]
     variant: Optional[Tuple[Any, ...]]
+    mask_blocks: Optional[NDArray[np.uint8]]
+
+    def core_mask(self) -> Any:
+        """The mask as the core takes it: the array, or (array, blocks) for a BlockMask's."""
+        return self.mask if self.mask_blocks is None else (self.mask, self.mask_blocks)
 
 
 def _fold_batch(a: NDArray[Any], nb: int) -> Optional[NDArray[Any]]:
@@ -99,10 +104,11 @@ def _core_calls(p: AttentionArgs, out: NDArray[Any], weights: Optional[NDArray[A
                 lse: Optional[NDArray[Any]] = None) -> Iterator[_CoreCall]:
     """The forward's core calls into ``out`` (batch..., Hq, Lq, Ev), ``weights``
     (batch..., Hq, Lq, Lk) and ``lse`` (batch..., Hq, Lq, 1): see fold_calls."""
-    for (q, k, v, m, o, w, l4), (kl, ql, slopes, sinks) in fold_calls(
-            p.batch_shape, [p.q, p.k, p.v, p.mask, out, weights, lse], p.per_head()):
+    for (q, k, v, m, o, w, l4, mb), (kl, ql, slopes, sinks) in fold_calls(
+            p.batch_shape, [p.q, p.k, p.v, p.mask, out, weights, lse, p.mask_blocks],
+            p.per_head()):
         assert q is not None and k is not None and v is not None and o is not None
-        yield _CoreCall(q, k, v, m, kl, ql, o, w, l4, p.variants.core(slopes, sinks))
+        yield _CoreCall(q, k, v, m, kl, ql, o, w, l4, p.variants.core(slopes, sinks), mb)
 
 
 # The return type follows need_weights and return_lse (a plain bool: any of
@@ -299,7 +305,7 @@ def forward(p: AttentionArgs, need_weights: bool, return_lse: bool,
         raise ValueError("int8 keys and values need 4-D arguments")  # (a bug of the caller's)
     for c in _core_calls(p, out_view, weights, lse_view):
         k, v = (c.k, c.v) if int8_kv is None else int8_kv
-        _attnx.forward(c.q, k, v, c.out, c.weights, c.mask, c.key_lengths, c.query_lengths,
+        _attnx.forward(c.q, k, v, c.out, c.weights, c.core_mask(), c.key_lengths, c.query_lengths,
                        p.causal, p.scale, c.lse, c.variant, CALL_THREADS.get(), p.q_bfloat16)
     if weights is None and lse is None:
         return out

@@ -118,12 +118,15 @@ def scaled_dot_product_attention_backward(
     gm = dmask = None
     if check_flag(mask_grad, "mask_grad") and p.mask is not None and p.mask.dtype != np.bool_:
         gm, dmask = _mask_grad_arrays(attn_mask, p.scores_shape)
-    for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm), (kl, ql, slopes, sk) in fold_calls(
-            p.batch_shape, [p.q, p.k, p.v, p.mask, o, do, lse4, *views, dmask], p.per_head()):
+    for (q, k, v, m, o4, do4, l4, dq, dk, dv, dm, mb), (kl, ql, slopes, sk) in fold_calls(
+            p.batch_shape, [p.q, p.k, p.v, p.mask, o, do, lse4, *views, dmask, p.mask_blocks],
+            p.per_head()):
         assert (q is not None and k is not None and v is not None and o4 is not None
                 and do4 is not None and l4 is not None and dq is not None and dk is not None
                 and dv is not None)
-        _attnx.backward(q, k, v, o4, do4, l4, dq, dk, dv, dm, m, kl, ql, p.causal, p.scale,
+        assert m is not None or mb is None
+        mask: Any = m if mb is None else (m, mb)
+        _attnx.backward(q, k, v, o4, do4, l4, dq, dk, dv, dm, mask, kl, ql, p.causal, p.scale,
                         p.variants.core(slopes, sk), CALL_THREADS.get())
     gs = None
     if p.variants.sinks is not None:

@@ -18,6 +18,7 @@
  *   forward.c    forward()
  *   backward.c   backward()
  *   varlen.c     forward_varlen(): packed sequences, keys in place or in pages
+ *   blockmap.c   classify_mask(): a mask's block map; a (mask, map) pair
  *   runtime.c    instruction sets, threads, fingerprint(), fma_peak()
  *   module.c     the method table, the constants, PyInit__attnx
  *
@@ -73,11 +74,17 @@ int attnx_py_fill_problem(attnx_problem *p, PyObject *q, PyObject *k, PyObject *
 PyObject *attnx_py_raise_refusal(attnx_status st, const char *field, const attnx_problem *p,
                                  PyObject *scale_obj);
 
+/* ---- blockmap.c: a mask, and its block map ------------------------------------------- */
+
+int attnx_py_mask_of(attnx_mask *m, PyObject *obj, const npy_intp full[4]);
+int attnx_py_map_of(attnx_block_map *map, PyObject *obj, npy_intp B, npy_intp H);
+
 /* ---- the entry points, in module.c's method table ----------------------------------- */
 
 PyObject *attnx_py_forward(PyObject *self, PyObject *args);        /* forward.c */
 PyObject *attnx_py_backward(PyObject *self, PyObject *args);       /* backward.c */
 PyObject *attnx_py_forward_varlen(PyObject *self, PyObject *args); /* varlen.c */
+PyObject *attnx_py_classify_mask(PyObject *self, PyObject *args);  /* blockmap.c */
 PyObject *attnx_py_isa(PyObject *self, PyObject *noargs);          /* runtime.c, all below */
 PyObject *attnx_py_bf16_dots(PyObject *self, PyObject *noargs);
 PyObject *attnx_py_set_isa(PyObject *self, PyObject *arg);
@@ -93,6 +100,7 @@ PyObject *attnx_py_fma_peak(PyObject *self, PyObject *args);
 extern const char attnx_py_forward_doc[];
 extern const char attnx_py_backward_doc[];
 extern const char attnx_py_forward_varlen_doc[];
+extern const char attnx_py_classify_mask_doc[];
 extern const char attnx_py_fingerprint_doc[];
 extern const char attnx_py_fma_peak_doc[];
 

@@ -26,6 +26,7 @@ static PyMethodDef methods[] = {
     {"forward", attnx_py_forward, METH_VARARGS, attnx_py_forward_doc},
     {"forward_varlen", attnx_py_forward_varlen, METH_VARARGS, attnx_py_forward_varlen_doc},
     {"backward", attnx_py_backward, METH_VARARGS, attnx_py_backward_doc},
+    {"classify_mask", attnx_py_classify_mask, METH_VARARGS, attnx_py_classify_mask_doc},
     {"isa", attnx_py_isa, METH_NOARGS, "isa()\n--\n\nThe instruction set the kernels use."},
     {"bf16_dots", attnx_py_bf16_dots, METH_NOARGS,
      "bf16_dots()\n--\n\nPrivate (tests): the bfloat16 dot products the kernels in use\n"
@@ -72,6 +73,10 @@ static int add_constants(PyObject *m)
     return PyModule_AddObject(m, "EXP_FLUSH_BELOW", PyFloat_FromDouble(ATTNX_EXP_LO)) < 0 ||
                    PyModule_AddObject(m, "ISA_NAMES", isa_names()) < 0 ||
                    PyModule_AddIntConstant(m, "MAX_THREADS", ATTNX_MAX_THREADS) < 0 ||
+                   PyModule_AddIntConstant(m, "MAP_ROWS", ATTNX_MAP_ROWS) < 0 ||
+                   PyModule_AddIntConstant(m, "MAP_KEYS", ATTNX_MAP_KEYS) < 0 ||
+                   PyModule_AddIntConstant(m, "MAP_KEEP", ATTNX_MAP_KEEP) < 0 ||
+                   PyModule_AddIntConstant(m, "MAP_DROP", ATTNX_MAP_DROP) < 0 ||
                    PyModule_AddIntConstant(m, "CAUSAL_NONE", ATTNX_CAUSAL_NONE) < 0 ||
                    PyModule_AddIntConstant(m, "CAUSAL_UPPER_LEFT", ATTNX_CAUSAL_UPPER_LEFT) < 0 ||
                    PyModule_AddIntConstant(m, "CAUSAL_LOWER_RIGHT", ATTNX_CAUSAL_LOWER_RIGHT) < 0 ||

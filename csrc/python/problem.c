@@ -61,38 +61,20 @@ static int fill_qkv(attnx_problem *p, PyObject *q, PyObject *k, PyObject *v)
 }
 
 /* A bool or float32 mask (B, Hq, Lq, Lk), broadcast along any axis (stride
- * 0), the last included. */
+ * 0), the last included; or a (mask, block map) pair (blockmap.c). */
 static int fill_mask(attnx_problem *p, PyObject *obj)
 {
     if (obj == Py_None) return 1;
-    if (!attnx_py_check_type(obj, "mask", " or None")) return 0;
-    PyArrayObject *m = (PyArrayObject *)obj;
-    const int type = PyArray_TYPE(m);
-    if ((type != NPY_BOOL && type != NPY_FLOAT32) || !PyArray_ISNOTSWAPPED(m)) {
-        PyErr_Format(PyExc_TypeError,
-                     "mask must have dtype bool or float32 (native byte order), not %S",
-                     (PyObject *)PyArray_DESCR(m));
-        return 0;
-    }
     const npy_intp full[4] = {p->B, p->Hq, p->Lq, p->Lk};
-    if (!attnx_py_check_shape(m, "mask", full)) return 0;
-    for (int i = 0; i < 4; i++) {
-        if (PyArray_STRIDE(m, i) % PyArray_ITEMSIZE(m)) {
-            PyErr_SetString(PyExc_ValueError, "mask strides must be whole elements");
+    if (PyTuple_Check(obj)) { /* (mask, its block map): attnx.BlockMask */
+        if (PyTuple_GET_SIZE(obj) != 2) {
+            PyErr_SetString(PyExc_TypeError, "mask as a tuple must be (mask, block map)");
             return 0;
         }
+        return attnx_py_mask_of(&p->mask, PyTuple_GET_ITEM(obj, 0), full) &&
+               attnx_py_map_of(&p->mask_map, PyTuple_GET_ITEM(obj, 1), p->B, p->Hq);
     }
-    if (!PyArray_ISALIGNED(m)) {
-        PyErr_SetString(PyExc_ValueError, "mask data is not aligned");
-        return 0;
-    }
-    p->mask = (attnx_mask){.kind = type == NPY_BOOL ? ATTNX_MASK_BOOL : ATTNX_MASK_FLOAT,
-                           .data = PyArray_DATA(m),
-                           .sb = estride(obj, 0),
-                           .sh = estride(obj, 1),
-                           .sq = estride(obj, 2),
-                           .sk = estride(obj, 3)};
-    return 1;
+    return attnx_py_mask_of(&p->mask, obj, full);
 }
 
 /* A per-head array (B, Hq) of the given type (int64 lengths, float32 slopes

@@ -1,0 +1,239 @@
+"""Masks that cost what they keep (issue 45): the core's block maps.
+
+Every masked call classifies its mask in blocks of 64 query rows by 32 keys
+(csrc/core/blockmap.c): tiles of keys the mask empties are skipped (no
+products, no softmax, no reads of K or V), tiles it keeps whole are not
+masked; ``attnx.BlockMask`` classifies once and hands the classes to every
+call. Checked here against the float64 ``attnx.reference`` and
+``reference_backward`` (random upstream gradients) on every ISA and at 1-3
+threads, with masks whose empty, full and partial blocks meet every tile
+edge: lengths that are not multiples of the blocks or tiles (1, 31-33, 63-65,
+127-129, 200, 300), masks broadcast over batch and heads, a block empty in
+one head and full in another, a padding mask (broadcast over queries), fully
+masked rows (zeros, lse -inf). That the tiles really are skipped is shown by
+keys whose only entries are ``-inf`` blocks of a float mask and hold NaN:
+skipped, they never reach a row (``s + -inf`` would be NaN).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _attnx
+from conftest import GATOL, GRTOL, assert_close, randn
+
+ROWS, KEYS = _attnx.MAP_ROWS, _attnx.MAP_KEYS
+
+
+def blocky_mask(rng, lead, Lq, Lk, kind="bool", partial=0.3):
+    """A mask (lead..., Lq, Lk) made of 16x16 cells, each empty, full or random
+    (partial): its 64x32 blocks are all three kinds, with edges inside tiles."""
+    cells = rng.choice(3, size=lead + (-(-Lq // 16), -(-Lk // 16)), p=[0.45, 0.55 - partial, partial])
+    cell = np.repeat(np.repeat(cells, 16, -2), 16, -1)[..., :Lq, :Lk]
+    keep = np.where(cell == 0, False, np.where(cell == 1, True, rng.random(cell.shape) < 0.6))
+    if kind == "bool":
+        return keep
+    vals = np.where(cell == 2, rng.standard_normal(cell.shape), 0.0)
+    return np.where(keep, vals, -np.inf).astype(np.float32)
+
+
+def reference_lse(q, k, mask):
+    """log of each row's softmax sum in float64 (-inf for a row that keeps nothing)."""
+    s = np.einsum("...qe,...ke->...qk", q.astype(np.float64), k.astype(np.float64))
+    s /= np.sqrt(q.shape[-1])
+    s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask
+    top = s.max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        safe = np.where(np.isfinite(top), top, 0.0)
+        return (safe + np.log(np.exp(s - safe).sum(-1, keepdims=True)))[..., 0]
+
+
+def run_threads(n, fn):
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        attnx.set_num_threads(previous)
+
+
+SIZES = [(1, 33), (63, 127), (64, 128), (65, 129), (130, 31), (200, 300), (129, 257)]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("Lq, Lk", SIZES)
+def test_forward_at_every_tile_edge(isa, rng, Lq, Lk, kind, threads):
+    q, k, v = randn(rng, (2, 3, Lq, 16)), randn(rng, (2, 3, Lk, 16)), randn(rng, (2, 3, Lk, 8))
+    for mshape in [(Lq, Lk), (2, 1, Lq, Lk), (1, 3, Lq, Lk), (2, 3, Lq, Lk)]:
+        mask = blocky_mask(rng, mshape[:-2], Lq, Lk, kind)
+        for m in (mask, attnx.BlockMask(mask)):
+            out, lse = run_threads(threads, lambda: attnx.scaled_dot_product_attention(
+                q, k, v, attn_mask=m, return_lse=True))
+            ref, ref_lse = attnx.reference(q, k, v, attn_mask=mask), reference_lse(q, k, mask)
+            assert_close(out, ref, err_msg=f"{mshape} {type(m).__name__}")
+            assert_close(lse, ref_lse, err_msg="lse")
+
+
+def test_a_block_empty_in_one_head_and_full_in_another(isa, rng):
+    L = 200
+    mask = np.zeros((1, 4, L, L), bool)
+    mask[0, 0, :64, :128] = True          # head 0: one full block, the rest empty
+    mask[0, 1] = True                     # head 1: full everywhere
+    mask[0, 2] = np.tri(L, dtype=bool)    # head 2: causal
+    mask[0, 3, :, 100:] = True            # head 3: keys from 100 on (a tile edge inside)
+    q, k, v = (randn(rng, (1, 4, L, 16)) for _ in range(3))
+    for m in (mask, attnx.BlockMask(mask)):
+        out, lse = attnx.scaled_dot_product_attention(q, k, v, attn_mask=m, return_lse=True)
+        ref, ref_lse = attnx.reference(q, k, v, attn_mask=mask), reference_lse(q, k, mask)
+        assert_close(out, ref)
+        assert_close(lse, ref_lse)
+    # head 0's rows past 64 keep nothing: zeros, lse -inf
+    assert not out[0, 0, 64:].any() and np.isneginf(lse[0, 0, 64:]).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_gradients_at_tile_edges(isa, rng, kind, threads):
+    for Lq, Lk, mshape, hk in [(65, 129, (65, 129), 3), (130, 200, (2, 1, 130, 200), 1),
+                               (33, 300, (1, 3, 33, 300), 3), (200, 63, (200, 63), 3)]:
+        q = randn(rng, (2, 3, Lq, 16))
+        k, v = randn(rng, (2, hk, Lk, 16)), randn(rng, (2, hk, Lk, 8))
+        mask = blocky_mask(rng, mshape[:-2], Lq, Lk, kind)
+        kw = dict(enable_gqa=hk != 3)
+        dout = randn(rng, (2, 3, Lq, 8))
+        ref = attnx.reference_backward(dout, q, k, v, attn_mask=mask, **kw)
+        for m in (mask, attnx.BlockMask(mask)):
+            out, vjp = run_threads(threads, lambda: attnx.scaled_dot_product_attention_vjp(
+                q, k, v, attn_mask=m, **kw))
+            assert_close(out, attnx.reference(q, k, v, attn_mask=mask, **kw))
+            got = run_threads(threads, lambda: vjp(dout))
+            for name in ("query", "key", "value"):
+                assert_close(getattr(got, name), getattr(ref, name), GATOL, GRTOL, err_msg=name)
+            if kind == "float":
+                terms = np.prod((2, 3, Lq, Lk)) / mask.size
+                assert got.attn_mask.shape == mask.shape
+                assert_close(got.attn_mask, ref.attn_mask, GATOL * np.sqrt(terms), GRTOL,
+                             err_msg="attn_mask")
+
+
+def test_padding_mask_and_decoding(isa, rng):
+    """Masks broadcast over queries (padding), and one query row (GQA decoding,
+    folded in the core: its map is classified again)."""
+    q, k, v = randn(rng, (2, 8, 1, 16)), randn(rng, (2, 2, 300, 16)), randn(rng, (2, 2, 300, 16))
+    pad = np.ones((2, 1, 1, 300), bool)
+    pad[0, ..., 150:] = False
+    pad[1, ..., :97] = False
+    for m in (pad, attnx.BlockMask(pad)):
+        out = attnx.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+        assert_close(out, attnx.reference(q, k, v, attn_mask=pad, enable_gqa=True))
+
+
+def test_empty_blocks_are_skipped(isa, rng):
+    """Keys that only -inf blocks of a float mask reach hold NaN: skipped, they
+    never meet a score (computed, NaN + -inf would make their rows NaN). Keys
+    in a partial tile are computed and masked as before."""
+    L = 256
+    q, k, v = (randn(rng, (1, 2, L, 16)) for _ in range(3))
+    mask = np.full((L, L), -np.inf, np.float32)
+    mask[:, :128] = 0.0                   # keys 128.. are -inf for every query: skipped
+    k[..., 128:, :] = np.nan
+    v[..., 128:, :] = np.nan
+    for m in (mask, attnx.BlockMask(mask)):
+        out = attnx.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        assert np.isfinite(out).all()
+        assert_close(out, attnx.reference(q[..., :, :], k[..., :128, :], v[..., :128, :]))
+
+
+def test_block_mask_equals_the_plain_mask_bit_for_bit(rng):
+    mask = blocky_mask(rng, (), 300, 400)
+    q, k, v = randn(rng, (2, 4, 300, 32)), randn(rng, (2, 4, 400, 32)), randn(rng, (2, 4, 400, 32))
+    bm = attnx.BlockMask(mask)
+    a = attnx.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    b = attnx.scaled_dot_product_attention(q, k, v, attn_mask=bm)
+    assert a.tobytes() == b.tobytes()
+    # reused across calls of other batch sizes and heads
+    b2 = attnx.scaled_dot_product_attention(q[:1, :2], k[:1, :2], v[:1, :2], attn_mask=bm)
+    assert b2.tobytes() == b[:1, :2].tobytes()
+
+
+# ---------------------------------------------------------------- the BlockMask API
+
+
+def test_blocks_of_a_mask():
+    m = np.zeros((130, 70), bool)
+    m[:64, :32] = True                    # block (0, 0) full
+    m[0, 40] = True                       # block (0, 1) partial
+    bm = attnx.BlockMask(m)
+    assert bm.blocks.shape == (3, 3) and bm.blocks.dtype == np.uint8
+    K, D = bm.KEEP, bm.DROP
+    assert bm.blocks.tolist() == [[K, K | D, D], [D, D, D], [D, D, D]]
+    assert bm.block_fractions() == pytest.approx((7 / 9, 1 / 9, 1 / 9))
+    f = attnx.BlockMask(np.where(m, 0.0, -np.inf))
+    assert f.dtype == np.float32 and f.blocks.tolist() == bm.blocks.tolist()
+    g = attnx.BlockMask(np.where(m, 0.5, -np.inf))     # kept, but changed: partial
+    assert g.blocks[0, 0] == K | D
+
+
+def test_documents_prefix_lm_and_repr():
+    bm = attnx.BlockMask.documents([3, 0, 5])
+    doc = np.array([0, 0, 0, 2, 2, 2, 2, 2])
+    assert (bm.mask == (doc[:, None] == doc[None, :])).all()
+    c = attnx.BlockMask.documents([3, 5], causal=True)
+    assert (c.mask == ((doc[:, None] == doc[None, :]) & np.tri(8, dtype=bool))).all()
+    p = attnx.BlockMask.prefix_lm(6, 2)
+    i, j = np.mgrid[:6, :6]
+    assert (p.mask == ((j <= i) | (j < 2))).all()
+    assert repr(attnx.BlockMask.documents([256] * 8)) == (
+        "BlockMask(shape=(2048, 2048), dtype=bool, kept=12.5%, blocks: 87.5% empty, "
+        "12.5% full, 0.0% partial)")
+    assert bm.kept_fraction() == pytest.approx((9 + 25) / 64)
+
+
+def test_a_block_mask_never_changes(rng):
+    m = blocky_mask(rng, (), 100, 100)
+    bm = attnx.BlockMask(m)
+    m[:] = ~m                             # the caller's array: copied
+    assert (bm.mask != m).all()
+    with pytest.raises(ValueError):
+        bm.mask[0, 0] = True
+    with pytest.raises(ValueError):
+        bm.blocks[0, 0] = 0
+    assert np.asarray(bm) is bm.mask
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(TypeError, match="mask must be bool"):
+        attnx.BlockMask(np.ones((4, 4), np.int32))
+    with pytest.raises(ValueError, match="at least 2-D"):
+        attnx.BlockMask(np.ones(4, bool))
+    with pytest.raises(ValueError, match="lengths must be 1-D non-negative"):
+        attnx.BlockMask.documents([3, -1])
+    with pytest.raises(ValueError, match="prefix must be at most length = 4"):
+        attnx.BlockMask.prefix_lm(4, 5)
+    q = np.zeros((1, 1, 5, 8), np.float32)
+    with pytest.raises(ValueError, match="attn_mask with shape"):
+        attnx.scaled_dot_product_attention(q, q, q, attn_mask=attnx.BlockMask(np.ones((4, 4), bool)))
+
+
+def test_the_glue_checks_a_mask_and_its_blocks(rng):
+    """The private entry point refuses blocks that do not fit the problem."""
+    q = randn(rng, (1, 1, 70, 8))
+    out = np.empty_like(q)
+    mask = np.ones((1, 1, 70, 70), bool)
+    blocks = _attnx.classify_mask(mask, 1)
+    _attnx.forward(q, q, q, out, None, (mask, blocks), None, None, 0, 8 ** -0.5)
+    assert_close(out, attnx.reference(q, q, q))
+    with pytest.raises(TypeError, match="mask map"):
+        _attnx.forward(q, q, q, out, None, (mask, blocks.astype(np.int16)), None, None, 0, 8 ** -0.5)
+    with pytest.raises(ValueError, match="mask map"):
+        _attnx.forward(q, q, q, out, None, (mask, blocks[0]), None, None, 0, 8 ** -0.5)
+    with pytest.raises(TypeError, match=r"\(mask, block map\)"):
+        _attnx.forward(q, q, q, out, None, (mask,), None, None, 0, 8 ** -0.5)
+    # blocks of other extents (here: of another length) are not used: the call classifies
+    wrong = np.full((1, 1, 1, 1), _attnx.MAP_KEEP, np.uint8)
+    _attnx.forward(q, q, q, out, None, (np.tri(70, dtype=bool)[None, None], wrong), None, None,
+                   0, 8 ** -0.5)
+    assert_close(out, attnx.reference(q, q, q, attn_mask=np.tri(70, dtype=bool)))
