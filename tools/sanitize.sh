@@ -137,7 +137,7 @@ for isa in $isas; do [[ " $available " == *" $isa "* ]] && best=$isa; done
 # the files whose code paths depend on the ISA: the attention itself (values,
 # masks, causal and lengths, GQA and layouts, shapes, the fast path), the
 # gradients, the core's edges, threads, the fuzz corpus, pages and int8
-# caches (test_precision, whose "medium" differs from "highest" only with
+# caches, block masks (test_precision, whose "medium" differs from "highest" only with
 # bfloat16 dot products and which spawns interpreters, runs with the best ISA)
 default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengths.py
     tests/test_gqa_layout.py tests/test_shapes.py tests/test_fast_path.py tests/test_seeds.py
@@ -145,7 +145,7 @@ default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengt
     tests/test_core_edges.py tests/test_determinism.py tests/test_fuzz_corpus.py
     tests/test_variant_options.py tests/test_varlen.py tests/test_kvcache.py
     tests/test_variants_torch.py tests/test_bfloat16.py tests/test_mask_grad.py
-    tests/test_paged.py tests/test_kvcache_int8.py"
+    tests/test_paged.py tests/test_kvcache_int8.py tests/test_block_masks.py"
 # the files the whole-suite run leaves out: they reach no C code that the
 # others do not (builds of the extension, notebooks and the newcomer's venv in
 # child processes, mypy, the benchmark's tables and plots), and take minutes
