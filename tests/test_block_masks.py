@@ -237,3 +237,32 @@ def test_the_glue_checks_a_mask_and_its_blocks(rng):
     _attnx.forward(q, q, q, out, None, (np.tri(70, dtype=bool)[None, None], wrong), None, None,
                    0, 8 ** -0.5)
     assert_close(out, attnx.reference(q, q, q, attn_mask=np.tri(70, dtype=bool)))
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_key_ranges_follow_the_kept_work(isa, rng, threads):
+    """Few heads (the backward cuts each head's keys into ranges) or few query
+    rows (the forward's split-K): with a mask whose kept keys crowd into part
+    of the range, the ranges are cut to equal kept work instead of equal keys;
+    the results stay those of the float64 reference."""
+    L = 1100
+    prefix = attnx.BlockMask.prefix_lm(L, 700)       # keys < 700 hold most of the work
+    q, k, v = randn(rng, (1, 1, L, 16)), randn(rng, (1, 1, L, 16)), randn(rng, (1, 1, L, 8))
+    dout = randn(rng, (1, 1, L, 8))
+    out, vjp = run_threads(threads, lambda: attnx.scaled_dot_product_attention_vjp(
+        q, k, v, attn_mask=prefix))
+    got = run_threads(threads, lambda: vjp(dout))
+    ref = attnx.reference_backward(dout, q, k, v, attn_mask=prefix.mask)
+    assert_close(out, attnx.reference(q, k, v, attn_mask=prefix.mask))
+    for name in ("query", "key", "value"):
+        assert_close(getattr(got, name), getattr(ref, name), GATOL, GRTOL, err_msg=name)
+    # decoding rows against keys of which only the last tenth is kept
+    Lk = 4000
+    qd, kd, vd = randn(rng, (1, 2, 3, 16)), randn(rng, (1, 2, Lk, 16)), randn(rng, (1, 2, Lk, 16))
+    late = np.zeros((3, Lk), bool)
+    late[:, -400:] = True
+    late[1, 5] = True
+    for m in (late, attnx.BlockMask(late)):
+        got = run_threads(threads, lambda: attnx.scaled_dot_product_attention(qd, kd, vd,
+                                                                               attn_mask=m))
+        assert_close(got, attnx.reference(qd, kd, vd, attn_mask=late))

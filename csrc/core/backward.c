@@ -64,7 +64,9 @@ typedef struct {
     float *partial; /* nsplit > 1: dQ per range, (nsplit, B, Hq, Lq, D) */
     bwd_scratch *scr;
     mask_grad_plan mg;
-    float *dsum; /* (B, Hq, Lq) D = rowsum(dO ∘ O), once a call */
+    float *dsum;      /* (B, Hq, Lq) D = rowsum(dO ∘ O), once a call */
+    int64_t *kbounds; /* nsplit > 1 with a mask: range s is keys [kbounds[s], kbounds[s+1]),
+                         or NULL: s·kchunk on (attnx_balanced_ranges) */
 } bwd_job;
 
 /* The rows of a (B, H, L, E) gradient array at (b, h, i). */
@@ -426,7 +428,9 @@ static void bwd_item(void *arg, int tid, int64_t item)
     const attnx_grad_problem *g = bj->g;
     const int64_t split = item % bj->plan.nsplit, bhk = item / bj->plan.nsplit;
     const int64_t hk = bhk % p->Hk, b = bhk / p->Hk, group = bj->plan.group;
-    const int64_t kbeg = split * bj->plan.kchunk, kstop = min64(p->Lk, kbeg + bj->plan.kchunk);
+    const int64_t kbeg = bj->kbounds ? bj->kbounds[split] : split * bj->plan.kchunk;
+    const int64_t kstop =
+        bj->kbounds ? bj->kbounds[split + 1] : min64(p->Lk, kbeg + bj->plan.kchunk);
     const int64_t run = bj->plan.run, blocks = group * ((p->Lq + BQ - 1) / BQ);
     attnx_mask_grad dm;
     const int with_mask = mask_grad_target(bj, b, hk, split, &dm);
@@ -567,8 +571,10 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
     if ((st = attnx_plan_backward(&bj.run, g->dmask.data != NULL, &bj.plan)) != ATTNX_OK) return st;
     uint8_t *map = NULL;
     if ((st = attnx_run_map(&bj.run, bj.plan.threads, &map)) != ATTNX_OK) return st;
+    bj.kbounds = attnx_balanced_ranges(&bj.run, bj.plan.nsplit, bj.plan.kchunk);
     plan_mask_grad(&bj);
     if ((st = alloc_scratch(&bj)) != ATTNX_OK) {
+        free(bj.kbounds);
         free(map);
         return st;
     }
@@ -582,6 +588,7 @@ attnx_status attnx_backward(const attnx_grad_problem *g)
                              &bj);
     }
     free_scratch(&bj, bj.plan.threads);
+    free(bj.kbounds);
     free(map);
     return ATTNX_OK;
 }

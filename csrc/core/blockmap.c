@@ -190,6 +190,52 @@ int64_t attnx_next_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, in
     return from;
 }
 
+int64_t *attnx_balanced_ranges(const attnx_run *r, int64_t n, int64_t chunk)
+{
+    const attnx_problem *p = r->p;
+    if (!r->map || n < 2 || p->Lk == 0) return NULL;
+    const int64_t tiles = (p->Lk + BK - 1) / BK, per = BK / ATTNX_MAP_KEYS;
+    const int64_t nkb = attnx_map_extent(1, p->Lk, ATTNX_MAP_KEYS);
+    const int64_t nb = r->map_sb ? p->B : 1, nh = r->map_sh ? p->Hq : 1;
+    const int64_t nq = r->map_sq ? (p->Lq + ATTNX_MAP_ROWS - 1) / ATTNX_MAP_ROWS : 1;
+    int64_t *w = calloc((size_t)tiles + 1, sizeof *w);
+    int64_t *bounds = malloc(sizeof *bounds * (size_t)(n + 1));
+    if (!w || !bounds) {
+        free(w);
+        free(bounds);
+        return NULL; /* the even cut, which needs no memory */
+    }
+    for (int64_t b = 0; b < nb; b++) /* each tile's kept blocks, over every row of the map */
+        for (int64_t h = 0; h < nh; h++)
+            for (int64_t qb = 0; qb < nq; qb++) {
+                const uint8_t *row = r->map + b * r->map_sb + h * r->map_sh + qb * r->map_sq;
+                for (int64_t kb = 0; kb < nkb; kb++) w[kb / per] += row[kb] & ATTNX_MAP_KEEP;
+            }
+    int64_t total = 0, worst = 0;
+    for (int64_t t = 0; t < tiles; t++) total += w[t];
+    for (int64_t s = 0; s < n; s++) { /* the even cut's heaviest range */
+        int64_t sum = 0;
+        for (int64_t t = s * chunk / BK; t < min64(tiles, (s + 1) * chunk / BK); t++) sum += w[t];
+        worst = max64(worst, sum);
+    }
+    if (total == 0 || 4 * worst * n <= 5 * total) { /* within 25% of even: keep it */
+        free(w);
+        free(bounds);
+        return NULL;
+    }
+    int64_t t = 0, cum = 0;
+    bounds[0] = 0;
+    for (int64_t s = 1; s < n; s++) { /* range s - 1 ends once it holds its share */
+        while (t < tiles && (cum + w[t]) * n <= s * total) cum += w[t++];
+        if (t < tiles && cum * n < s * total && 2 * (cum + w[t]) * n - 2 * s * total < w[t] * n)
+            cum += w[t++]; /* the tile that crosses the share goes where it is closer to it */
+        bounds[s] = min64(p->Lk, t * BK);
+    }
+    bounds[n] = p->Lk;
+    free(w);
+    return bounds;
+}
+
 int attnx_tile_flags(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0,
                      int64_t nk)
 {

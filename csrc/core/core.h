@@ -200,6 +200,13 @@ attnx_status attnx_run_map(attnx_run *r, int num_threads, uint8_t **owned);
 int64_t attnx_next_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64_t nq,
                         int64_t j0, int64_t kstop, int *nk);
 
+/* Key ranges for n items of a head (split-K), [bounds[s], bounds[s + 1]):
+ * whole tiles, cut so that each holds about the same number of blocks the map
+ * keeps (the threads follow the work, not the square). NULL (keep the even
+ * cut of `chunk` keys, a multiple of BK) without a map, when the even cut is
+ * within 25% of balanced, or out of memory; else the caller frees it. */
+int64_t *attnx_balanced_ranges(const attnx_run *r, int64_t n, int64_t chunk);
+
 /* The OR of the map's flags over queries [i0, i0 + nq) and keys [j0, j0 + nk)
  * of head (b, h): no ATTNX_MAP_KEEP, the tile is all masked (skip it); no
  * ATTNX_MAP_DROP, the mask changes nothing there. Both flags without a map. */
@@ -402,6 +409,9 @@ typedef struct {
     /* slot x holds head bh's parts once ready[x] is bh + 1; done[x] counts
      * that head's finished items (forward.c, the pipeline) */
     atomic_llong ready[ATTNX_SPLIT_SLOTS], done[ATTNX_SPLIT_SLOTS];
+    /* split-K with a mask: range s is keys [kbounds[s], kbounds[s + 1]), cut to
+     * equal kept work (attnx_balanced_ranges), or NULL: s·kchunk on */
+    int64_t *kbounds;
 } fwd_job;
 
 /* The slot of key/value head (b, hk)'s parts. */

@@ -33,8 +33,9 @@ static void run_item(void *arg, int tid, int64_t item)
         return;
     }
     /* split-K: this item's range of keys, and where its partial result goes */
-    const int64_t kbeg = max64(it.kbeg, split * jb->plan.kchunk);
-    const int64_t kstop = min64(it.kend, (split + 1) * jb->plan.kchunk);
+    const int64_t *kb = jb->kbounds; /* a mask's ranges of equal kept work, or even ones */
+    const int64_t kbeg = max64(it.kbeg, kb ? kb[split] : split * jb->plan.kchunk);
+    const int64_t kstop = min64(it.kend, kb ? kb[split + 1] : (split + 1) * jb->plan.kchunk);
     float *part = jb->partial + item * (2 * BQ + BQ * jb->plan.ldacc);
     for (int i = 0; i < BQ; i++) {
         part[i] = -INFINITY;
@@ -265,7 +266,9 @@ attnx_status attnx_forward(const attnx_problem *p)
     if ((st = attnx_plan_forward(&jb.run, &jb.plan)) != ATTNX_OK) return st;
     uint8_t *map = NULL;
     if ((st = attnx_run_map(&jb.run, jb.plan.threads, &map)) != ATTNX_OK) return st;
+    jb.kbounds = attnx_balanced_ranges(&jb.run, jb.plan.nsplit, jb.plan.kchunk);
     if ((st = alloc_scratch(&jb)) != ATTNX_OK) {
+        free(jb.kbounds);
         free(map);
         return st;
     }
@@ -275,6 +278,7 @@ attnx_status attnx_forward(const attnx_problem *p)
         attnx_parallel_items(jb.plan.threads, p->B * p->Hk + jb.plan.n_items, run_task, &jb);
     if (jb.plan.nsplit > 1) attnx_merge_partials(&jb);
     free_scratch(&jb, jb.plan.threads);
+    free(jb.kbounds);
     free(map);
     return ATTNX_OK;
 }
