@@ -98,11 +98,30 @@ def sweep_cases(quick: bool, torch: bool) -> List[Case]:
     ]
 
 
+def mask_cases(quick: bool) -> List[Case]:
+    """Masks that cost what they keep (issue 45): packed documents, a causal mask,
+    a prefix-LM, a mask with no empty block; B=1 H=8 D=64."""
+    Ls = [1024] if quick else [2048, 4096]
+    L1 = 1024 if quick else 4096
+    L2 = 1024 if quick else 2048
+    docs = [Case("block_mask", dict(name=f"documents 200-700, L={L}{', fwd+bwd' if g else ''}",
+                                    L=L, H=8, D=64, what="documents", grad=g))
+            for g in (False, True) for L in Ls]
+    return docs + [
+        Case("block_mask", dict(name=f"causal bool mask, L={L1}", L=L1, H=8, D=64,
+                                what="causal")),
+        Case("block_mask", dict(name=f"prefix-LM {L1 // 4}, L={L1}", L=L1, H=8, D=64,
+                                what="prefix", prefix=L1 // 4)),
+        Case("block_mask", dict(name=f"10% dropped at random, L={L2}", L=L2, H=8, D=64,
+                                what="dense")),
+    ]
+
+
 def cases(quick: bool, threads: int, torch: bool) -> List[Case]:
     """Every case of the benchmark, in the order they run (``quick``: fewer and
     smaller; ``torch``: whether torch is installed, for the rows that need it)."""
     return (forward_cases(quick, threads) + training_cases(quick, threads, torch)
-            + variant_cases(quick) + sweep_cases(quick, torch))
+            + variant_cases(quick) + mask_cases(quick) + sweep_cases(quick, torch))
 
 
 SMOKE = Case("case", dict(name="smoke B=1 H=2 L=32 D=16", B=1, Hq=2, Hk=2, Lq=32, Lk=32, D=16,

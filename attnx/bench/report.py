@@ -93,6 +93,14 @@ TABLES: Dict[str, Table] = {
             Column("time vs 1 process",
                    lambda r: r["attnx_s"] / r["one_process_s"] if r.get("one_process_s") else None,
                    _RATIO))),
+    "blockmask": Table(
+        "Masks that cost what they keep: the bool mask against what does the kept work only "
+        "(speed ratios; 'BlockMask': the same mask classified once)", (
+            Column("ms", _ms("attnx_s")), Column("base ms", _ms("base_s")),
+            Column("vs base", _key("vs_base"), _RATIO),
+            Column("BlockMask", _key("blockmask_vs_base"), _RATIO),
+            Column("float", _key("float_vs_base"), _RATIO),
+            Column("vs flex", _key("vs_flex"), _RATIO)), case_width=50),
     "variant": Table(
         "Variants: each call against the same call without the variant, interleaved", (
             Column("ms", _ms("attnx_s")), Column("without ms", _ms("base_s")),
@@ -103,7 +111,7 @@ TABLES: Dict[str, Table] = {
 KIND_TABLE = {"case": "speed", "backward": "speed", "mha_step": "speed", "varlen": "speed",
               "decode": "decode", "memory": "memory", "backward_memory": "memory",
               "mask_backward": "mask", "transformers_decoder": "model",
-              "dask_cluster": "dask", "variant": "variant"}
+              "dask_cluster": "dask", "variant": "variant", "block_mask": "blockmask"}
 
 
 class Printer:

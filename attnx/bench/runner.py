@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Dict, List, Tuple, Union
 
-from . import memory, models, speed
+from . import blockmask, memory, models, speed
 from .cases import SMOKE, Case, cases
 from .context import Context
 from .report import Printer
@@ -19,6 +19,7 @@ KINDS: Dict[str, Measure] = {
     "memory": memory.memory, "backward_memory": memory.backward_memory,
     "mask_backward": memory.mask_backward,
     "transformers_decoder": models.transformers_decoder, "dask_cluster": models.dask_cluster,
+    "block_mask": blockmask.block_mask,
 }
 """Each kind of row and the measurement that makes it: a function of the
 run's :class:`.context.Context` and the keyword arguments of a :class:`.cases.Case`."""
