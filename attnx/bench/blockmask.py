@@ -35,8 +35,9 @@ def _flex(ctx: Context, lengths: Sequence[int], q: NDArray[Any], k: NDArray[Any]
           v: NDArray[Any]) -> Optional[Callable[[], object]]:
     """torch's compiled flex_attention with a BlockMask of the documents, compiled
     and run once here (outside the timing), or None without torch or when
-    torch cannot compile it (torch 2.13's inductor fails to compile its C++
-    for L=4096 on an AVX2 CPU: the row then has no flex column)."""
+    torch cannot compile it. Compiled for static shapes (``dynamic=False``):
+    a second length otherwise makes torch 2.13 recompile with dynamic shapes,
+    whose C++ its inductor fails to build on an AVX2 CPU."""
     torch = ctx.torch
     if torch is None or ctx.quick:
         return None
@@ -45,7 +46,7 @@ def _flex(ctx: Context, lengths: Sequence[int], q: NDArray[Any], k: NDArray[Any]
     L = int(sum(lengths))
     doc = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths))
     bm = create_block_mask(lambda b, h, qi, ki: doc[qi] == doc[ki], 1, 1, L, L, device="cpu")
-    fn = torch.compile(flex_attention)
+    fn = torch.compile(flex_attention, dynamic=False)
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
     try:
         fn(tq, tk, tv, block_mask=bm)
