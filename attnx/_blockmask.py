@@ -44,15 +44,11 @@ class BlockMask:
         to the scores (B..., Hq, Lq, Lk) as any ``attn_mask``. Copied once
         (bool, or float32), read-only: a BlockMask never changes.
 
-    Attributes
-    ----------
-    mask : ndarray, shape (..., Lq, Lk)
-        The mask (read-only).
-    blocks : ndarray of uint8, shape (..., nq, nk)
-        Per block of ``MAP_ROWS`` query rows by ``MAP_KEYS`` keys (nq =
-        ceil(Lq / 64), 1 when the mask's Lq axis has size 1; nk = ceil(Lk /
-        32)): ``KEEP`` (1) where some entry keeps its key, ``DROP`` (2) where
-        some entry changes its score; 0 is never seen but for empty axes.
+    ``mask`` is the mask, (..., Lq, Lk), read-only. ``blocks`` holds a uint8
+    per block of ``MAP_ROWS`` query rows by ``MAP_KEYS`` keys, (..., nq, nk)
+    with nq = ceil(Lq / 64) (1 when the mask's Lq axis has size 1) and nk =
+    ceil(Lk / 32): ``KEEP`` (1) where some entry keeps its key, ``DROP`` (2)
+    where some entry changes its score (0 only for empty axes); read-only.
 
     Examples
     --------
