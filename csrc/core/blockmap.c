@@ -15,9 +15,10 @@
  *
  * The map only removes work the mask makes void: an empty tile's scores
  * would all be -inf (its rows' sums gain exactly 0), a full tile's mask
- * leaves every score as it is. One difference in float masks: a NaN or inf
- * score in a tile whose mask is -inf everywhere (s + -inf is NaN for s NaN
- * or +inf) no longer reaches its row, as it does not with a bool mask. */
+ * leaves every score as it is. A float mask's -inf added to an inf or NaN
+ * score is NaN, which reaches its row: with float masks the map is used only
+ * when every query and key is finite (float32 arrays, checked once a call),
+ * so the results are those of the whole square in every case. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,12 +121,37 @@ void attnx_classify_mask(const attnx_mask *m, int64_t B, int64_t H, int64_t Lq, 
     attnx_parallel_items(nt < 1 ? 1 : nt, items, classify_item, &cj);
 }
 
+/* Whether every query and key is finite (float32 queries and keys in
+ * arrays only; 0 for the others): x * 0 is NaN exactly for inf and NaN. */
+static int rows_finite(const attnx_tensor *t, int64_t B, int64_t H, int64_t L, int64_t D)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t l = 0; l < L; l++) {
+                const float *x = t->data + b * t->sb + h * t->sh + l * t->sl;
+                float z = 0.0f;
+                for (int64_t e = 0; e < D; e++) z += x[e] * 0.0f;
+                if (z != 0.0f) return 0;
+            }
+    return 1;
+}
+
+static int inputs_finite(const attnx_problem *p)
+{
+    if (p->k16.data || p->k8.data || p->pages.table) return 0;
+    return rows_finite(&p->q, p->B, p->Hq, p->Lq, p->D) &&
+           rows_finite(&p->k, p->B, p->Hk, p->Lk, p->D);
+}
+
 attnx_status attnx_run_map(attnx_run *r, int num_threads, uint8_t **owned)
 {
     const attnx_problem *p = r->p;
     *owned = NULL;
     r->map = NULL;
     if (p->mask.kind == ATTNX_MASK_NONE || p->Lq == 0 || p->Lk == 0) return ATTNX_OK;
+    /* a float mask's -inf added to a score that is inf or NaN gives NaN, which
+     * reaches its row: with such inputs every tile is computed and masked */
+    if (p->mask.kind == ATTNX_MASK_FLOAT && !inputs_finite(p)) return ATTNX_OK;
     int64_t d[4];
     attnx_map_dims(&p->mask, p->B, p->Hq, p->Lq, p->Lk, d);
     const attnx_block_map *given = &p->mask_map;
