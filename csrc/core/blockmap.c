@@ -176,6 +176,18 @@ attnx_status attnx_run_map(attnx_run *r, int num_threads, uint8_t **owned)
     return ATTNX_OK;
 }
 
+/* The OR of the map's flags over the query blocks that rows [i0, i0 + nq)
+ * of head (b, h) meet, in key block kb. */
+static int block_flags(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t kb)
+{
+    const uint8_t *at = r->map + b * r->map_sb + h * r->map_sh + kb;
+    const int64_t q0 = r->map_sq ? i0 / ATTNX_MAP_ROWS : 0;
+    const int64_t q1 = r->map_sq ? (i0 + nq - 1) / ATTNX_MAP_ROWS : 0;
+    int flags = 0;
+    for (int64_t qb = q0; qb <= q1; qb++) flags |= at[qb * r->map_sq];
+    return flags;
+}
+
 int64_t attnx_next_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64_t nq,
                         int64_t j0, int64_t kstop, int *nk)
 {
@@ -183,35 +195,19 @@ int64_t attnx_next_tile(const attnx_run *r, int64_t b, int64_t h, int64_t i0, in
         *nk = (int)min64(BK, kstop - j0);
         return j0;
     }
-    const uint8_t *at = r->map + b * r->map_sb + h * r->map_sh;
-    const int64_t q0 = r->map_sq ? i0 / ATTNX_MAP_ROWS : 0;
-    const int64_t q1 = r->map_sq ? (i0 + nq - 1) / ATTNX_MAP_ROWS : 0;
-    /* keeps(kb): whether key block kb keeps a key of any of the rows */
-#define KEEPS(kb, out)                                                          \
-    do {                                                                        \
-        out = 0;                                                                \
-        for (int64_t qb = q0; qb <= q1; qb++) out |= at[qb * r->map_sq + (kb)]; \
-        out &= ATTNX_MAP_KEEP;                                                  \
-    } while (0)
-    int64_t kb = j0 / ATTNX_MAP_KEYS;
-    const int64_t last = (kstop - 1) / ATTNX_MAP_KEYS;
-    int keeps;
-    for (;; kb++) { /* the first block at or after j0 that keeps */
-        if (kb > last) {
-            *nk = 0;
-            return kstop;
-        }
-        KEEPS(kb, keeps);
-        if (keeps) break;
+    int64_t kb = j0 / ATTNX_MAP_KEYS; /* the first block at or after j0 that keeps */
+    while (kb * ATTNX_MAP_KEYS < kstop && !(block_flags(r, b, h, i0, nq, kb) & ATTNX_MAP_KEEP))
+        kb++;
+    if (kb * ATTNX_MAP_KEYS >= kstop) {
+        *nk = 0;
+        return kstop;
     }
     const int64_t from = max64(j0, kb * ATTNX_MAP_KEYS);
     const int64_t stop = min64(kstop, from + BK);
     int64_t end = from; /* the end of the last block that keeps, up to stop */
-    for (int64_t c = kb; c * ATTNX_MAP_KEYS < stop; c++) {
-        KEEPS(c, keeps);
-        if (keeps) end = min64(stop, (c + 1) * ATTNX_MAP_KEYS);
-    }
-#undef KEEPS
+    for (int64_t c = kb; c * ATTNX_MAP_KEYS < stop; c++)
+        if (block_flags(r, b, h, i0, nq, c) & ATTNX_MAP_KEEP)
+            end = min64(stop, (c + 1) * ATTNX_MAP_KEYS);
     *nk = (int)(end - from);
     return from;
 }
@@ -267,11 +263,8 @@ int attnx_tile_flags(const attnx_run *r, int64_t b, int64_t h, int64_t i0, int64
 {
     if (!r->map) return ATTNX_MAP_KEEP | ATTNX_MAP_DROP;
     if (nq <= 0 || nk <= 0) return 0;
-    const uint8_t *at = r->map + b * r->map_sb + h * r->map_sh;
-    const int64_t q1 = r->map_sq ? (i0 + nq - 1) / ATTNX_MAP_ROWS : 0;
-    const int64_t k0 = j0 / ATTNX_MAP_KEYS, k1 = (j0 + nk - 1) / ATTNX_MAP_KEYS;
     int flags = 0;
-    for (int64_t qb = r->map_sq ? i0 / ATTNX_MAP_ROWS : 0; qb <= q1; qb++)
-        for (int64_t kb = k0; kb <= k1; kb++) flags |= at[qb * r->map_sq + kb];
+    for (int64_t kb = j0 / ATTNX_MAP_KEYS; kb <= (j0 + nk - 1) / ATTNX_MAP_KEYS; kb++)
+        flags |= block_flags(r, b, h, i0, nq, kb);
     return flags;
 }
