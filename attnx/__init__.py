@@ -48,6 +48,7 @@ from ._plot import plot_attention
 from ._reference import reference
 from ._varlen import pack, unpack, varlen_attention, varlen_attention_vjp
 from ._kvcache import KVCache
+from ._int8 import dequantize_int8, int8_rotation, quantize_int8
 
 __version__ = "0.1.0"
 
@@ -69,6 +70,9 @@ __all__ = [
     "pack",
     "unpack",
     "KVCache",
+    "quantize_int8",
+    "dequantize_int8",
+    "int8_rotation",
     "get_num_threads",
     "set_num_threads",
     "isa",

@@ -144,6 +144,31 @@ def _demo() -> int:
     return 0 if ok else 1
 
 
+def _kv_divergence(args: argparse.Namespace) -> int:
+    """``python -m attnx kv-divergence``: a table of each cache dtype's KL and top-1."""
+    try:
+        from .integrations._divergence import cache_divergence, load_model
+    except ImportError as e:
+        raise MissingExtra(f"kv-divergence needs torch and transformers (pip install "
+                           f"'attnx[transformers]'): {e}") from None
+    from .integrations._cache import DTYPES
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for d in dtypes or [""]:
+        if d not in DTYPES:
+            raise ValueError(f"--dtypes: each must be one of {', '.join(DTYPES)}; got {d!r}")
+    with open(args.text, encoding="utf-8") as f:
+        text = f.read()
+    model, tok = load_model(args.gguf or args.model, gguf=args.gguf is not None)
+    ids = tok(text, return_tensors="pt").input_ids
+    res = cache_divergence(model, ids, args.prefill, args.steps, dtypes)
+    print(f"{args.gguf or args.model}: {args.prefill}-token prompt, {args.steps} decoding steps "
+          f"(teacher forcing), against transformers' default cache")
+    print(f"{'cache dtype':<12} {'mean KL':>10} {'max KL':>10} {'top-1 agreement':>16}")
+    for d, r in res.items():
+        print(f"{d:<12} {r['kl']:>10.2e} {r['kl_max']:>10.2e} {r['top1'] * 100:>15.1f}%")
+    return 0
+
+
 def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     from . import __version__
 
@@ -154,7 +179,7 @@ def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         epilog=f"environment: ATTNX_ISA={'|'.join(_attnx.ISA_NAMES)} forces an instruction "
                "set, ATTNX_NUM_THREADS (or OMP_NUM_THREADS) sets the thread count.")
     parser.add_argument("--version", action="version", version=f"attnx {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{info,demo,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,demo,bench,kv-divergence}")
     sub.add_parser("info", description="Version, build (the instruction sets usable here and "
                    "the one in use), threads and optional extras.",
                    help="version, build, instruction set, threads")
@@ -165,6 +190,19 @@ def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                            "tutorials teach: interleaved runs in one process, medians, ratios.",
                            help="speed against PyTorch and plain NumPy")
     _bench.add_arguments(bench)
+    kl = sub.add_parser("kv-divergence", description="How much each cache dtype changes a "
+                        "model's next-token distributions: mean KL divergence and top-1 "
+                        "agreement against transformers' default cache, on a text, under "
+                        "teacher forcing (needs attnx[transformers]).",
+                        help="KL and top-1 agreement of the cache dtypes on your model")
+    which = kl.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", metavar="DIR", help="a local model directory (from_pretrained)")
+    which.add_argument("--gguf", metavar="FILE", help="a GGUF file (needs gguf and accelerate)")
+    kl.add_argument("--text", metavar="FILE", required=True, help="the text to decode")
+    kl.add_argument("--prefill", type=int, default=256, help="prompt tokens (default 256)")
+    kl.add_argument("--steps", type=int, default=384, help="decoding steps (default 384)")
+    kl.add_argument("--dtypes", default="int8,bfloat16",
+                    help="cache dtypes, comma-separated (default int8,bfloat16)")
     return parser, bench
 
 
@@ -193,6 +231,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         if args.command == "bench":
             return _bench.run(args)
+        if args.command == "kv-divergence":
+            return _kv_divergence(args)
         _info()
         return _demo()
     except KeyboardInterrupt:

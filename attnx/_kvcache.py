@@ -10,6 +10,7 @@ from numpy.typing import DTypeLike, NDArray
 from ._args import (as_array, attention_args, check_flag, float_array, is_bfloat16, nonnegative_int,
                     positive_int, shape_str)
 from ._functional import OPTIONS, forward, scaled_dot_product_attention
+from ._int8 import int8_rotation, quantize_rotated, rotate, rotate_back
 from ._options import check_names
 
 __all__ = ["KVCache"]
@@ -39,51 +40,10 @@ def _cache_dtype(dtype: object) -> np.dtype[Any]:
     return dt
 
 
-_F32_MAX = float(np.finfo(np.float32).max)
-#: the largest float32 scale s with 127 · s finite in float32
-_SCALE_MAX = np.uint32(2080440835).view(np.float32)
-#: rows whose largest |x| is below this (127 times float32's smallest normal,
-#: about 1.49e-36) get a subnormal scale, a multiple of 2**-149: their bound
-#: gains INT8_SUBNORMAL_SLACK
-INT8_SUBNORMAL_ROWS = 127 * 2.0 ** -126
-#: what a subnormal scale adds to the bound: half float32's smallest subnormal
-#: (2**-150, about 7.0e-46; the scale rounds up by at most 2**-149)
-INT8_SUBNORMAL_SLACK = 2.0 ** -150
 
-
-def quantize_rows(a: NDArray[Any], name: str) -> Tuple[NDArray[np.int8], NDArray[np.float32]]:
-    """Rows (..., E) of a finite float array as int8 values and a float32 scale
-    a row, symmetric, rounded to nearest (ties to even): ``scale = max|x| / 127``
-    (rounded up to float32) and ``x ≈ scale * q``, within ``scale / 2`` before
-    the product's own float32 rounding, so within ``max|x| / 254`` of the row
-    (to a relative 2e-5 of that bound). Rows whose largest |x| is below
-    ``INT8_SUBNORMAL_ROWS`` (127 times float32's smallest normal, ~1.5e-36)
-    get a subnormal scale, which rounds up by as much as 2**-149: their bound
-    is ``max|x| / 254 + 2**-150`` (no single scale on the subnormal grid can
-    do better for every such row). A row of zeros has scale 0. NaN or inf
-    raise ValueError naming ``name`` and where."""
-    x = a.astype(np.float64)
-    bad = ~np.isfinite(x)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{name} holds {a[at]} at {at}, which an int8 cache cannot store "
-                         f"(its values must be finite); nothing was written")
-    big = np.abs(x) > _F32_MAX                 # float64 input past float32's range
-    if big.any():
-        at = tuple(int(i) for i in np.argwhere(big)[0])
-        raise ValueError(f"{name} holds {a[at]} at {at}, beyond float32's range (|x| up to "
-                         f"{_F32_MAX:g}), which an int8 cache's float32 scale cannot reach; "
-                         f"scale the values; nothing was written")
-    top = np.abs(x).max(axis=-1) / 127.0 if x.shape[-1] else np.zeros(x.shape[:-1])
-    scale = top.astype(np.float32)
-    low = scale.astype(np.float64) < top       # rounded down: |x| / scale could pass 127
-    scale[low] = np.nextafter(scale[low], np.float32(np.inf))
-    # near float32's largest, 127 · scale must stay finite: the values a hair past
-    # 127 · scale then round (clip) to 127, a few float32 steps off
-    np.minimum(scale, _SCALE_MAX, out=scale)
-    s = scale.astype(np.float64)[..., None]
-    q = np.rint(np.divide(x, s, out=np.zeros_like(x), where=s > 0))
-    return np.clip(q, -127, 127).astype(np.int8), scale
+def _read_only(a: NDArray[Any]) -> NDArray[Any]:
+    a.flags.writeable = False
+    return a
 
 
 class KVCache:
@@ -99,15 +59,20 @@ class KVCache:
 
     An int8 cache takes a quarter of float32's memory and a float32 scale a
     (token, head) row: ``k_scale`` (batch, heads, max_len) and ``v_scale``
-    beside ``k`` and ``v``; row ``k[b, h, t]`` stands for ``k_scale[b, h, t] *
-    k[b, h, t]`` (its "dequantized" values, the product rounded to float32).
-    Each appended row is quantized symmetrically, ``scale = max|x| / 127``,
-    rounded to nearest: every value within ``max|x| / 254`` of what was
-    appended (plus 2**-150, half float32's smallest subnormal, for rows whose
-    largest value is below 127 times the smallest normal, ~1.5e-36, where
-    the scale is subnormal). Attention reads the int8
-    values and scales in place, in float32 arithmetic. For the other dtypes
-    ``k_scale`` and ``v_scale`` are None.
+    beside ``k`` and ``v``. Each appended row x is first rotated by a fixed
+    orthogonal matrix, ``y = R @ x`` with ``R = k_rotation`` (head_dim,
+    head_dim), ``attnx.int8_rotation(head_dim)`` (``v_rotation`` for values),
+    which spreads outlier channels over the whole row; then quantized
+    symmetrically, ``scale = max|y| / 127``, rounded to nearest. Row ``k[b, h,
+    t]`` stands for ``R.T @ (k_scale[b, h, t] * k[b, h, t])``
+    (:func:`attnx.dequantize_int8`), within Euclidean distance ``sqrt(E) *
+    max|y| / 254 <= sqrt(E) * ||x|| / 254`` of what was appended (plus
+    ``sqrt(E) * 2**-150`` when ``max|y|`` is below 127 times the smallest
+    normal, ~1.5e-36, where the scale is subnormal). Attention reads the int8
+    values and scales in place, in float32 arithmetic, with the queries
+    rotated once before and the output rotated back once after (``q · R.T y =
+    (R q) · y``). For the other dtypes ``k_scale``, ``v_scale``,
+    ``k_rotation`` and ``v_rotation`` are None.
 
     Example
     -------
@@ -141,9 +106,16 @@ class KVCache:
         self.lengths: NDArray[np.int64] = np.zeros(self.batch, np.int64)
         self.k_scale: Optional[NDArray[np.float32]] = None
         self.v_scale: Optional[NDArray[np.float32]] = None
+        self.k_rotation: Optional[NDArray[np.float64]] = None
+        self.v_rotation: Optional[NDArray[np.float64]] = None
         if dt == np.int8:
             self.k_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
             self.v_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
+            self.k_rotation = _read_only(int8_rotation(self.head_dim))
+            self.v_rotation = _read_only(int8_rotation(self.value_dim))
+            # float32 copies for the queries and outputs, made once
+            self._rotations32 = (_read_only(self.k_rotation.astype(np.float32)),
+                                 _read_only(self.v_rotation.astype(np.float32)))
 
     def __repr__(self) -> str:
         return (f"KVCache(batch={self.batch}, heads={self.heads}, max_len={self.max_len}, "
@@ -169,7 +141,9 @@ class KVCache:
             raise ValueError(f"{name} must be (batch, heads, n, {width}) = ({self.batch}, "
                              f"{self.heads}, n, {width}); got {shape_str(a)}")
         if self.k.dtype == np.int8:
-            return quantize_rows(a, name)
+            rotation = self.k_rotation if name == "k_new" else self.v_rotation
+            assert rotation is not None
+            return quantize_rotated(a, name, rotation)
         if self.k.dtype == a.dtype:
             return a, None
         with np.errstate(over="ignore"):
@@ -300,10 +274,12 @@ class KVCache:
 
         def shape_only(a: NDArray[Any]) -> NDArray[np.float32]:   # float32 zeros, no memory
             return np.broadcast_to(np.zeros(a.shape[-1], np.float32), a.shape)
+        rotations = self._rotations32 if self.k_rotation is not None else (None, None)
+        q = rotate(q, rotations[0])          # q · Rᵀy = (R q) · y: the stored rows as they are
         p = attention_args(q, shape_only(k), shape_only(v), attn_mask, dropout_p, is_causal, scale,
                            enable_gqa, **opts).astype(np.float32, half_kv=True)
         int8_kv = ((k, self.k_scale[rows, :, :L, None]), (v, self.v_scale[rows, :, :L, None]))
-        return forward(p, need_weights, return_lse, int8_kv)
+        return rotate_back(forward(p, need_weights, return_lse, int8_kv), rotations[1])
 
     def _row(self, kw: dict[str, Any], b: int) -> dict[str, Any]:
         """Sequence b's options: row b of a per-sequence sinks/alibi_slopes

@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
+from ._int8 import rotate, rotate_back
 from ._args import (F32, as_array, attention_args, check_alibi_range, float_array, integer_array,
                     is_bfloat16, shape_str, small_float_array, unit_last_stride)
 
@@ -46,21 +47,41 @@ def cu_seqlens(x: object, name: str, total: Optional[int]) -> NDArray[np.int64]:
     return c
 
 
-def _int8_pool(x: Tuple[object, ...], name: str) -> Tuple[NDArray[Any], NDArray[Any]]:
-    """An int8 pool given as ``(pages, scales)``: int8 (num_blocks, block_size,
-    Hk, E) and float32 scales (num_blocks, block_size, Hk), each page row
-    standing for scale * int8 (as an int8 attnx.KVCache row stands for
-    k_scale * k)."""
-    if len(x) != 2:
-        raise ValueError(f"{name} as a tuple must be (int8 pages, scales); got {len(x)} items")
-    pages, scales = (as_array(a, f"{name}[{i}]") for i, a in enumerate(x))
+def _int8_pool(x: Tuple[object, ...], name: str,
+               ) -> Tuple[NDArray[Any], NDArray[Any], Optional[NDArray[np.float64]]]:
+    """An int8 pool given as ``(pages, scales)`` or ``(pages, scales,
+    rotation)``: int8 (num_blocks, block_size, Hk, E), float32 scales
+    (num_blocks, block_size, Hk) and a rotation (E, E) or None, each page row
+    standing for ``rotation.T @ (scale * int8)`` (``scale * int8`` without a
+    rotation; an int8 attnx.KVCache row with its ``k_rotation``)."""
+    if len(x) not in (2, 3):
+        raise ValueError(f"{name} as a tuple must be (int8 pages, scales) or (int8 pages, scales, "
+                         f"rotation); got {len(x)} items")
+    pages, scales = (as_array(a, f"{name}[{i}]") for i, a in enumerate(x[:2]))
     if pages.dtype != np.int8 or pages.ndim != 4:
         raise ValueError(f"{name}[0] must be int8 pages (num_blocks, block_size, H, E); got "
                          f"{pages.dtype} {shape_str(pages)}")
     if scales.shape != pages.shape[:3] or scales.dtype.kind != "f":
         raise ValueError(f"{name}[1] must be float32 scales {pages.shape[:3]} (num_blocks, "
                          f"block_size, H); got {scales.dtype} {shape_str(scales)}")
-    return unit_last_stride(pages), np.ascontiguousarray(scales, dtype=np.float32)
+    rotation = None
+    if len(x) == 3 and x[2] is not None:
+        E = pages.shape[3]
+        rotation = np.asarray(as_array(x[2], f"{name}[2]"))
+        if rotation.shape != (E, E) or rotation.dtype.kind not in "fiu" \
+                or not np.isfinite(rotation).all():
+            raise ValueError(f"{name}[2] must be a finite rotation ({E}, {E}) (E, E), as "
+                             f"attnx.int8_rotation({E}) gives; got {rotation.dtype} "
+                             f"{shape_str(rotation)}")
+        rotation = rotation.astype(np.float64)
+    return unit_last_stride(pages), np.ascontiguousarray(scales, dtype=np.float32), rotation
+
+
+def _rotations(key: object, value: object) -> Tuple[Any, Any]:
+    """The int8 pools' rotations (key's, value's), None where there is none."""
+    if not (isinstance(key, tuple) and isinstance(value, tuple)):
+        return None, None
+    return _int8_pool(key, "key")[2], _int8_pool(value, "value")[2]
 
 
 def _pools(key: object, value: object) -> Tuple[Any, Any]:
@@ -71,7 +92,7 @@ def _pools(key: object, value: object) -> Tuple[Any, Any]:
     if isinstance(key, tuple) or isinstance(value, tuple):
         if not (isinstance(key, tuple) and isinstance(value, tuple)):
             raise TypeError("key and value must both be (int8 pages, scales) tuples, or arrays")
-        (kp, ks), (vp, vs) = _int8_pool(key, "key"), _int8_pool(value, "value")
+        (kp, ks, _), (vp, vs, _) = _int8_pool(key, "key"), _int8_pool(value, "value")
         if kp.shape[:3] != vp.shape[:3]:
             raise ValueError(f"key and value pages must agree in (num_blocks, block_size, Hk); "
                              f"got key {shape_str(kp)}, value {shape_str(vp)}")
@@ -98,7 +119,8 @@ def _pool_shapes(key: object, value: object) -> str:
     """The pools' shapes as the caller passed them, for errors."""
     def one(x: object, name: str) -> str:
         if isinstance(x, tuple):
-            return f"{name} ({', '.join(shape_str(np.asarray(a)) for a in x)}) (int8 pages, scales)"
+            parts = ", ".join(shape_str(np.asarray(a)) for a in x)
+            return f"{name} ({parts}) (int8 pages, scales{', rotation' if len(x) == 3 else ''})"
         return f"{name} {shape_str(np.asarray(x))}"
     return f"{one(key, 'key')}, {one(value, 'value')} (num_blocks, block_size, Hk, E)"
 
@@ -160,6 +182,8 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     if q.ndim != 3:
         raise ValueError(f"query must be packed (total, H, E); got shape {shape_str(q)}")
     kp, vp = _pools(key, value)
+    k_rotation, v_rotation = _rotations(key, value)
+    q = rotate(q, k_rotation)      # rows stand for Rᵀy: q · Rᵀy = (R q) · y, y read as stored
     kpages, vpages = (kp[0], vp[0]) if isinstance(kp, tuple) else (kp, vp)
     num_blocks, Hk, block_size = kpages.shape[:3]
     cq = cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
@@ -191,4 +215,4 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     _attnx.forward_varlen(p.q, kp, vp, out.swapaxes(0, 1)[None], lse[None, :, :, None], cq, ck,
                           table, p.causal, p.scale, p.variants.core(a, s), threads(),
                           p.q_bfloat16)
-    return out, lse
+    return rotate_back(out, v_rotation), lse

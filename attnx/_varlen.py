@@ -153,9 +153,13 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     ``is_causal="lower_right"`` each sequence's queries are its last
     positions. Forward only (no vjp). Pages may also be int8 with a float32
     scale a row (an int8 cache, see :class:`attnx.KVCache`): pass ``key`` and
-    ``value`` as ``(pages, scales)`` tuples, pages int8 (num_blocks,
-    block_size, Hk, E) and scales (num_blocks, block_size, Hk), each row
-    standing for ``scale * pages[row]``; they are read in place too.
+    ``value`` as ``(pages, scales, rotation)`` tuples, pages int8
+    (num_blocks, block_size, Hk, E), scales (num_blocks, block_size, Hk) and
+    rotation (E, E), each row standing for ``rotation.T @ (scale *
+    pages[row])``: the format of :class:`attnx.KVCache`'s int8 rows, filled
+    with :func:`attnx.quantize_int8` and ``rotation =
+    attnx.int8_rotation(E)``; ``(pages, scales)`` rows stand for ``scale *
+    pages[row]`` (no rotation). They are read in place too.
 
     Returns out (total_q, Hq, Ev) float32, and with ``return_lse`` also
     lse (Hq, total_q) (flash-attn's varlen layout).

@@ -67,7 +67,8 @@ TABLES: Dict[str, Table] = {
             Column("of roof", _key("of_roofline"), "{:7.0%}"),
             Column("vs torch", _key("vs_torch"), _RATIO),
             Column("vs float32 cache", _key("vs_float32_cache"), _RATIO),
-            Column("vs bfloat16 cache", _key("vs_bfloat16_cache"), _RATIO)), note=False),
+            Column("vs bfloat16 cache", _key("vs_bfloat16_cache"), _RATIO),
+            Column("vs unrotated int8", _key("vs_unrotated_int8"), _RATIO)), note=False),
     "memory": Table(
         "Memory: peak RSS growth during one call, in a fresh process", (
             Column("attnx", _key("attnx_gflops")),

@@ -5,6 +5,7 @@ teach, the slowest peer."""
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -118,6 +119,7 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
     settle: List[int] = []
     # per dtype: its name, bytes read, and where its calls sit in fns
     specs: List[Tuple[str, int, int, Optional[int]]] = []
+    unrotated_at: Optional[int] = None
     for dt in dtypes:
         at, torch_at = len(fns), None
         if dt == np.int8:
@@ -126,6 +128,12 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
             k, v = cache.k, cache.v
             scales: Sequence[NDArray[Any]] = (cache.k_scale, cache.v_scale)
             fns += [partial(cache.attend, q), partial(read_all, k, v, ctx.threads, scales)]
+            # the same bytes read as the previous release's unrotated rows: the
+            # rotation's cost (two small products a call) beside the kernels'
+            plain = copy.copy(cache)
+            plain.k_rotation = plain.v_rotation = None
+            unrotated_at = len(fns)
+            fns.append(partial(plain.attend, q))
         else:
             k, v, scales = k32.astype(dt), v32.astype(dt), ()
             fns += [partial(attnx.scaled_dot_product_attention, q, k, v, enable_gqa=Hq != Hk),
@@ -159,6 +167,10 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
         if name == "int8 KVCache" and bf16:
             row["vs_bfloat16_cache"] = bf16[0]["attnx_s"] / t
             row["note"] += f", {row['vs_bfloat16_cache']:.2f}x the bfloat16 cache's"
+        if name == "int8 KVCache" and unrotated_at is not None:
+            row["vs_unrotated_int8"] = times[unrotated_at] / t
+            row["note"] += (f"; {row['vs_unrotated_int8']:.2f}x the same int8 rows read "
+                            f"unrotated (the previous format)")
         rows.append(row)
     attnx.set_num_threads(0)
     return rows

@@ -34,9 +34,10 @@ from .._args import Precision, precision_code
 from ..torch import scaled_dot_product_attention as _attention
 from ._cache import AttnxCache, AttnxLayer, layer_of
 from ._continuous_batching import check_version, varlen_forward
+from ._divergence import cache_divergence
 from ._continuous_batching import install as _install_continuous_batching
 
-__all__ = ["register", "attention_forward", "AttnxCache", "NAME"]
+__all__ = ["register", "attention_forward", "AttnxCache", "cache_divergence", "NAME"]
 
 NAME = "attnx"
 
