@@ -168,7 +168,8 @@ tf_test() {   # tf_test NAME TRANSFORMERS-SPEC
     local tv; tv=$("$venv/bin/python" -c "import transformers; print(transformers.__version__)" 2>/dev/null)
     if step "transformers tests" "$LOG/$name-tests.log" \
             bash -c "cd '$SUITE' && '$venv/bin/python' -m pytest -q -p no:cacheprovider -o timeout=300 \
-                     tests/test_transformers.py tests/test_attnx_cache.py tests/test_continuous_batching.py"; then
+                     tests/test_transformers.py tests/test_attnx_cache.py tests/test_continuous_batching.py \
+                     tests/test_kv_divergence.py"; then
         record "$name" PASS $((SECONDS - t)) "transformers $tv: $(grep -E '[0-9]+ passed' "$LOG/$name-tests.log" | tail -n1)"
     else
         record "$name" FAIL $((SECONDS - t)) "transformers $tv: see $LOG/$name-tests.log"
