@@ -14,6 +14,7 @@ the query rotated once before and the output rotated back once after.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Tuple
 
 import numpy as np
@@ -89,6 +90,18 @@ def _signs(n: int) -> NDArray[np.float64]:
         x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
         out.append(1.0 if x >> 63 else -1.0)
     return np.array(out)
+
+
+@functools.lru_cache(maxsize=None)
+def shared_rotation(dim: int) -> Tuple[NDArray[np.float64], NDArray[np.float32]]:
+    """int8_rotation(dim) and its float32 rounding, read-only, one pair per dim
+    for the process: every int8 cache of that width (an AttnxCache has one a
+    layer) shares them instead of holding its own (E, E) matrices."""
+    r64 = int8_rotation(dim)
+    r32 = r64.astype(np.float32)
+    r64.flags.writeable = False
+    r32.flags.writeable = False
+    return r64, r32
 
 
 def int8_rotation(dim: int) -> NDArray[np.float64]:

@@ -10,7 +10,7 @@ from numpy.typing import DTypeLike, NDArray
 from ._args import (as_array, attention_args, check_flag, float_array, is_bfloat16, nonnegative_int,
                     positive_int, shape_str)
 from ._functional import OPTIONS, forward, scaled_dot_product_attention
-from ._int8 import int8_rotation, quantize_rotated, rotate, rotate_back
+from ._int8 import quantize_rotated, rotate, rotate_back, shared_rotation
 from ._options import check_names
 
 __all__ = ["KVCache"]
@@ -41,11 +41,6 @@ def _cache_dtype(dtype: object) -> np.dtype[Any]:
 
 
 
-def _read_only(a: NDArray[Any]) -> NDArray[Any]:
-    a.flags.writeable = False
-    return a
-
-
 class KVCache:
     """Keys and values of ``batch`` sequences, preallocated for ``max_len`` tokens.
 
@@ -61,7 +56,8 @@ class KVCache:
     (token, head) row: ``k_scale`` (batch, heads, max_len) and ``v_scale``
     beside ``k`` and ``v``. Each appended row x is first rotated by a fixed
     orthogonal matrix, ``y = R @ x`` with ``R = k_rotation`` (head_dim,
-    head_dim), ``attnx.int8_rotation(head_dim)`` (``v_rotation`` for values),
+    head_dim), ``attnx.int8_rotation(head_dim)`` (``v_rotation`` for values;
+    both read-only, shared by every int8 cache of the same widths),
     which spreads outlier channels over the whole row; then quantized
     symmetrically, ``scale = max|y| / 127``, rounded to nearest. Row ``k[b, h,
     t]`` stands for ``R.T @ (k_scale[b, h, t] * k[b, h, t])``
@@ -111,11 +107,11 @@ class KVCache:
         if dt == np.int8:
             self.k_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
             self.v_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
-            self.k_rotation = _read_only(int8_rotation(self.head_dim))
-            self.v_rotation = _read_only(int8_rotation(self.value_dim))
-            # float32 copies for the queries and outputs, made once
-            self._rotations32 = (_read_only(self.k_rotation.astype(np.float32)),
-                                 _read_only(self.v_rotation.astype(np.float32)))
+            # read-only, shared by every int8 cache of the same widths; float32
+            # copies for the queries and outputs
+            (self.k_rotation, k32), (self.v_rotation, v32) = (
+                shared_rotation(self.head_dim), shared_rotation(self.value_dim))
+            self._rotations32 = (k32, v32)
 
     def __repr__(self) -> str:
         return (f"KVCache(batch={self.batch}, heads={self.heads}, max_len={self.max_len}, "

@@ -166,6 +166,19 @@ def test_rotation_is_orthogonal_and_fixed():
         attnx.int8_rotation(0)
 
 
+def test_caches_share_one_read_only_rotation():
+    """Every int8 cache of a width shares one read-only matrix (an AttnxCache
+    has a cache a layer); int8_rotation's own array is the caller's to change,
+    and changing it changes no cache."""
+    a, b = (attnx.KVCache(1, 2, 4, 64, value_dim=32, dtype="int8") for _ in range(2))
+    assert a.k_rotation is b.k_rotation and a.v_rotation is b.v_rotation
+    assert not a.k_rotation.flags.writeable and a.v_rotation.shape == (32, 32)
+    mine = attnx.int8_rotation(64)
+    mine[:] = 0
+    np.testing.assert_array_equal(a.k_rotation, attnx.int8_rotation(64))
+    assert attnx.KVCache(1, 2, 4, 64).k_rotation is None
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64] + LOW_FLOATS)
 def test_append_stores_int8_and_scales_in_place(rng, dtype):
     cache = attnx.KVCache(2, 3, 10, 8, value_dim=5, dtype="int8")
