@@ -7,7 +7,9 @@ Inputs: standard normal float32 q, k, v (B=1), a standard normal upstream
 gradient; each error is the largest absolute difference from attnx.reference
 (float64, on the float32 inputs), for the output and the three gradients.
 Prints a Markdown table and the CPU's bfloat16 dot products (none: "medium"
-computes as "highest").
+computes as "highest"), and a row for "medium" as the kernels with bfloat16
+dot products are designed to round (issue 44), emulated in float64, so that
+the design's error can be set against torch's on any CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +21,42 @@ import torch
 
 import attnx
 from attnx import _attnx
+
+
+def bf16(x):
+    """x rounded to bfloat16 (nearest, ties to even), as float64."""
+    import ml_dtypes
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def medium_emulated(q, k, v, dout, causal):
+    """What "medium" kernels with bfloat16 dot products are to compute (issue 44's
+    design), modelled in float64 with their roundings: q, k, v and the upstream
+    gradient rounded to bfloat16 once, the unnormalised probabilities P~ =
+    exp(s - max) rounded for P·V (their sum kept unrounded), and in the backward
+    P and dS rounded for the products that take them (dV = P·dO, dQ = dS·K,
+    dK = dS·Q); the softmax, its sums, lse and D = rowsum(dO * O) unrounded.
+    Returns out, dq, dk, dv (float64), to measure the design before the kernels
+    exist on a CPU that has the instructions."""
+    E = q.shape[-1]
+    scale = 1 / np.sqrt(E)
+    q16, k16, v16, do16 = bf16(q), bf16(k), bf16(v), bf16(dout)
+    s = np.einsum("bhie,bhje->bhij", q16, k16) * scale
+    if causal:
+        L = s.shape[-1]
+        s = np.where(np.tril(np.ones((L, L), bool)), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    pt = np.exp(s - m)
+    l = pt.sum(-1, keepdims=True)
+    out = np.einsum("bhij,bhjd->bhid", bf16(pt), v16) / l
+    p = pt / l                                      # the backward's P, from lse
+    dp = np.einsum("bhid,bhjd->bhij", do16, v16)
+    delta = (np.asarray(dout, np.float64) * out).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    dv = np.einsum("bhij,bhid->bhjd", bf16(p), do16)
+    dq = np.einsum("bhij,bhje->bhie", bf16(ds), k16) * scale
+    dk = np.einsum("bhij,bhie->bhje", bf16(ds), q16) * scale
+    return out, dq, dk, dv
 
 
 def main() -> None:
@@ -44,6 +82,8 @@ def main() -> None:
         out, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, precision=p, **kw)
         g = vjp(dout)
         rows[f'attnx, precision="{p}"'] = errors(out, (g.query, g.key, g.value))
+    out, *gs = medium_emulated(q, k, v, dout, a.causal)
+    rows['"medium" as designed for bfloat16 dot products, emulated'] = errors(out, gs)
     for name, dtype in (("torch SDPA, float32", torch.float32), ("torch SDPA, bfloat16", torch.bfloat16)):
         ts = [torch.from_numpy(x).to(dtype).requires_grad_() for x in (q, k, v)]
         out = torch.nn.functional.scaled_dot_product_attention(*ts, **kw)
