@@ -112,7 +112,11 @@ def test_table_values(capsys):
     model = next(x for x in lines if x.startswith("Llama"))
     assert model.split()[-4:] == ["144.0", "160.0", "163.0", "1.12x"]
     dec = next(x for x in lines if x.startswith("decode"))
-    assert dec.split()[-6:] == ["22.0", "28.0", "79%", "1.40x", "-", "-"]   # no bfloat16 ratio
+    # no bfloat16 ratio, and no unrotated int8 ratio (a float32 cache's row)
+    assert dec.split()[-7:] == ["22.0", "28.0", "79%", "1.40x", "-", "-", "-"]
+    int8 = dict(ROWS[1], case="decode int8 KVCache H=32 Lk=8192 D=128", vs_unrotated_int8=1.02)
+    dec8 = next(x for x in printed([int8], capsys).splitlines() if x.startswith("decode"))
+    assert dec8.split()[-1] == "1.02x"
 
 
 def test_json_rows_keep_their_keys(capsys):

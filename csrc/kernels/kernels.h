@@ -359,6 +359,25 @@ void attnx_qk_split_scalar(const uint32_t *qp, int64_t ldq, int nq, const uint16
                            int64_t kp_part, int nk, int64_t Dp, float *st);
 void attnx_pv_split_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
                            int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct);
+/* Precision "medium" (attnx.h: bfloat16 products, float32 sums): the
+ * references, in scalar.c, that the kernels with bfloat16 dot products are
+ * to match bit for bit (vdpbf16ps) or within float32 rounding of the sum
+ * (AMX tiles). attnx_bf16_round: x rounded to bfloat16, to nearest, ties to
+ * even (past bfloat16's largest finite value: inf; a NaN stays a NaN of its
+ * sign, made quiet). attnx_pack_qt_bf16_rounded: attnx_pack_qt_bf16's
+ * layout, each float32 value rounded so (q is packed once, as "medium"
+ * rounds Q and K once). attnx_pv_medium_scalar: P·V with each probability
+ * rounded to bfloat16, the products as vdpbf16ps takes pairs along the keys
+ * (the odd key of a pair first, bfloat16 subnormals read as 0, subnormal
+ * results flushed), from alpha[i] * acct[d][i] (alpha NULL: acct[d][i]):
+ *   acc = dp(bf16(pt[2m+1][i]), v[2m+1][d], acc); acc = dp(bf16(pt[2m][i]), v[2m][d], acc)
+ * pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)
+ * q: (nq, D) rows q_sl apart  qt2: (ceil(D/2), ldq) pairs */
+uint16_t attnx_bf16_round(float x);
+void attnx_pack_qt_bf16_rounded(const float *q, int64_t q_sl, int nq, int64_t D, uint32_t *qt2,
+                                int64_t ldq);
+void attnx_pv_medium_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                            int nk, int64_t Dv, const float *alpha, float *acct);
 /* The reference of pv_bf16 (scalar.c), for tests: per d and i, in key
  * order, acc = fmaf(pt[j][i], v[j][d], acc) from alpha[i] * acct[d][i]. */
 void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,

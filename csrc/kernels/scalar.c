@@ -308,6 +308,49 @@ void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *
         }
 }
 
+/* ---- precision "medium": the references of the bfloat16-dot kernels -------- */
+
+uint16_t attnx_bf16_round(float x)
+{
+    const uint32_t u = bits_of(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    /* to nearest, ties to even: add 0x7fff and the lowest kept bit, then cut */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// q: (nq, D) rows q_sl apart  qt2: (ceil(D/2), ldq) pairs
+void attnx_pack_qt_bf16_rounded(const float *q, int64_t q_sl, int nq, int64_t D, uint32_t *qt2,
+                                int64_t ldq)
+{
+    const int padded = ATTNX_ROUND16(nq);
+    for (int64_t p = 0; 2 * p < D; p++) {
+        uint32_t *row = qt2 + p * ldq;
+        for (int i = 0; i < nq; i++) {
+            const uint32_t even = attnx_bf16_round(q[i * q_sl + 2 * p]);
+            const uint32_t odd = 2 * p + 1 < D ? attnx_bf16_round(q[i * q_sl + 2 * p + 1]) : 0u;
+            row[i] = even | odd << 16;
+        }
+        for (int i = nq; i < padded; i++) row[i] = 0;
+    }
+}
+
+// pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)
+void attnx_pv_medium_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                            int nk, int64_t Dv, const float *alpha, float *acct)
+{
+    for (int64_t d = 0; d < Dv; d++)
+        for (int i = 0; i < nq; i++) {
+            float acc = alpha ? alpha[i] * acct[d * ldq + i] : acct[d * ldq + i];
+            for (int j = 0; j < nk; j += 2) { /* a pair of keys, the odd one first */
+                if (j + 1 < nk)
+                    acc =
+                        dp_fma(attnx_bf16_round(pt[(j + 1) * ldq + i]), v[(j + 1) * v_sl + d], acc);
+                acc = dp_fma(attnx_bf16_round(pt[j * ldq + i]), v[j * v_sl + d], acc);
+            }
+            acct[d * ldq + i] = acc;
+        }
+}
+
 // acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
 static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
                              float *out, int64_t out_sl)

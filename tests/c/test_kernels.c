@@ -943,6 +943,130 @@ static float random_prob(void)
     return (float)ldexp(urand(), -(int)(urand() * (u < 0.2 ? 120 : 12)));
 }
 
+/* ---- precision "medium": the references of the bfloat16-dot kernels --------------------
+ * attnx_bf16_round rounds to the nearest bfloat16, ties to even (checked
+ * against the two candidates in double, on random bits of every kind); the
+ * rounded packing puts those values in attnx_pack_qt_bf16's layout; and
+ * attnx_pv_medium_scalar is within the summation bound of the float64 sum
+ * of its rounded products, within 2^-8 of each |p·v| more of the exact one,
+ * and takes pairs of keys odd first (a case whose bits show the order). */
+
+/* The float32 value of bfloat16 bits, inf as 2^128 (a distance to compare). */
+static double bf16_as_double(uint32_t h)
+{
+    return (h & 0x7fffu) == 0x7f80u ? ((h & 0x8000u) ? -0x1p128 : 0x1p128)
+                                    : bf16_value((uint16_t)h);
+}
+
+static void test_medium_reference(void)
+{
+    begin("any", "bf16_round", "identical");
+    for (int n = 0; n < 200000; n++) {
+        uint32_t u = (uint32_t)(urand() * 4294967296.0);
+        if (n % 4 == 1) u = (u & 0xffff0000u) | 0x8000u; /* a tie */
+        float x;
+        memcpy(&x, &u, sizeof x);
+        const uint16_t r = attnx_bf16_round(x);
+        cur.cases++;
+        if (isnan(x)) {
+            expect(isnan(bf16_value(r)) && (r & 0x8000u) == ((u >> 16) & 0x8000u),
+                   "NaN %08x gave %04x", u, r);
+            continue;
+        }
+        const uint32_t lo = u >> 16, hi = lo + 1; /* |hi| > |lo|, same sign */
+        const double dl = fabs((double)x - bf16_as_double(lo));
+        const double dh = fabs((double)x - bf16_as_double(hi));
+        const uint32_t want = dl < dh ? lo : dh < dl ? hi : (lo & 1u) ? hi : lo;
+        expect(r == want, "%a (%08x) rounded to %04x, want %04x", x, u, r, want);
+    }
+    cur.cases++;
+    expect(attnx_bf16_round(0x1.fffffep127f) == 0x7f80u, "the largest float: not inf");
+    expect(attnx_bf16_round(-0.0f) == 0x8000u, "-0 lost its sign");
+    end();
+
+    begin("any", "pack_qt_bf16_rounded", "identical");
+    for (int nq = 1; nq <= 21; nq += 4)
+        for (int D = 1; D <= 40; D += 3) {
+            const int pairs = (D + 1) / 2;
+            float *q = malloc(sizeof(float) * (size_t)(nq * D));
+            uint32_t *qt2 = malloc(sizeof(uint32_t) * (size_t)(pairs + 1) * LDQ);
+            for (int x = 0; x < nq * D; x++) q[x] = (float)(nrand() * ldexp(1.0, (x % 9) - 4));
+            for (int x = 0; x < (pairs + 1) * LDQ; x++) qt2[x] = 0xdeadbeefu;
+            attnx_pack_qt_bf16_rounded(q, D, nq, D, qt2, LDQ);
+            cur.cases++;
+            for (int p = 0; p < pairs; p++)
+                for (int i = 0; i < LDQ; i++) {
+                    uint32_t want = i < ATTNX_ROUND16(nq) ? 0u : 0xdeadbeefu;
+                    if (i < nq) {
+                        want = attnx_bf16_round(q[i * D + 2 * p]);
+                        if (2 * p + 1 < D)
+                            want |= (uint32_t)attnx_bf16_round(q[i * D + 2 * p + 1]) << 16;
+                    }
+                    expect(qt2[p * LDQ + i] == want, "qt2[%d][%d] = %08x, want %08x", p, i,
+                           qt2[p * LDQ + i], want);
+                }
+            for (int i = 0; i < LDQ; i++)
+                expect(qt2[pairs * LDQ + i] == 0xdeadbeefu, "qt2 written past its pairs");
+            free(q), free(qt2);
+        }
+    end();
+
+    begin("any", "pv_medium reference", "summation");
+    for (int nk = 1; nk <= 41; nk += 5)
+        for (int Dv = 1; Dv <= 33; Dv += 8) {
+            const int nq = 1 + (nk + Dv) % 19;
+            float *pt = malloc(sizeof(float) * (size_t)nk * LDQ), alpha[LDQ];
+            uint16_t *v = malloc(sizeof(uint16_t) * (size_t)nk * Dv);
+            float *acct = guarded((size_t)Dv * LDQ), *init = guarded((size_t)Dv * LDQ);
+            for (int x = 0; x < nk * LDQ; x++) pt[x] = random_prob();
+            for (int x = 0; x < nk * Dv; x++) v[x] = small_half(ATTNX_HALF_BF16);
+            for (int i = 0; i < LDQ; i++) alpha[i] = (float)urand();
+            for (int x = 0; x < Dv * LDQ; x++) init[x] = acct[x] = (float)nrand();
+            const float *al = nk % 2 ? alpha : NULL;
+            attnx_pv_medium_scalar(pt, LDQ, nq, v, Dv, nk, Dv, al, acct);
+            for (int d = 0; d < Dv; d++)
+                for (int i = 0; i < nq; i++) {
+                    const double a = al ? al[i] * init[d * LDQ + i] : init[d * LDQ + i];
+                    double rounded = a, exact = a, mag = fabs(a);
+                    for (int j = 0; j < nk; j++) {
+                        const double x = bf16_value(v[j * Dv + d]);
+                        const double pr = bf16_value(attnx_bf16_round(pt[j * LDQ + i]));
+                        const double p = pt[j * LDQ + i] < 0x1p-126f ? 0.0 : pr;
+                        rounded += p * x;
+                        exact += pt[j * LDQ + i] * x;
+                        mag += fabs(pt[j * LDQ + i] * x);
+                    }
+                    cur.cases++;
+                    const double sums = (nk + 2) * 0x1p-23 * mag + (nk + 1) * 0x1p-125;
+                    expect_within(acct[d * LDQ + i], (float)rounded, sums, "acct", d, i);
+                    expect_within(acct[d * LDQ + i], (float)exact, sums + 0x1p-8 * mag,
+                                  "acct against exact P", d, i);
+                }
+            free(pt), free(v), free(acct), free(init);
+        }
+    end();
+
+    begin("any", "pv_medium reference steps", "identical");
+    /* keys 0 and 1, p = 1, v = 2^-24 and 2^-24 (1 + 2^-7), from acct = 1: the
+     * odd key first gives 1 + 2^-23 then, a tie to even, 1 + 2^-22 (the even
+     * key first would give 1, then 1 + 2^-23) */
+    float pt2[2 * 16], acc2[16];
+    const uint16_t v2[2] = {(127 - 24) << 7, (127 - 24) << 7 | 1};
+    for (int x = 0; x < 32; x++) pt2[x] = 1.0f;
+    acc2[0] = 1.0f;
+    attnx_pv_medium_scalar(pt2, 16, 1, v2, 1, 2, 1, NULL, acc2);
+    cur.cases++;
+    expect(acc2[0] == 1.0f + 0x1p-22f, "order: %a, want 1 + 2^-22", acc2[0]);
+    /* p rounded to bfloat16: 1 + 2^-8 + 2^-20 is past the tie, so 1 + 2^-7 */
+    pt2[0] = 1.0f + 0x1p-8f + 0x1p-20f;
+    acc2[0] = 0.0f;
+    const uint16_t one = 0x3f80u;
+    attnx_pv_medium_scalar(pt2, 16, 1, &one, 1, 1, 1, NULL, acc2);
+    cur.cases++;
+    expect(acc2[0] == 1.0f + 0x1p-7f, "p not rounded: %a, want 1 + 2^-7", acc2[0]);
+    end();
+}
+
 /* kind 0: ordinary values; 1: any 16 bits (inf and NaN take the FMAs);
  * 2: subnormal values among ordinary ones. acct: (Dv + 1, LDQ), the last
  * row and the lanes past round16(nq) guards. */
@@ -1426,6 +1550,7 @@ int main(void)
     test_pack_bf16();
     test_qk_bf16_reference();
     test_split_reference();
+    test_medium_reference();
     test_i8("scalar", &attnx_kernels_scalar);
     for (int s = 0; s < attnx_isa_count(); s++) {
         const char *isa = attnx_isa_name_at(s);
