@@ -187,7 +187,7 @@ def quantize_int8(x: ArrayLike) -> Tuple[NDArray[np.int8], NDArray[np.float32]]:
     a = float_array(x, "x")
     if a.ndim < 1 or a.shape[-1] < 1:
         raise ValueError(f"x must be rows (..., E) with E >= 1; got shape {shape_str(a)}")
-    return quantize_rotated(a, "x", int8_rotation(a.shape[-1]))
+    return quantize_rotated(a, "x", shared_rotation(a.shape[-1])[0])
 
 
 def dequantize_int8(q: ArrayLike, scale: ArrayLike) -> NDArray[np.float32]:
@@ -210,7 +210,16 @@ def dequantize_int8(q: ArrayLike, scale: ArrayLike) -> NDArray[np.float32]:
                          f"{qa.dtype} {shape_str(qa)}, scale {sa.dtype} {shape_str(sa)}")
     y = sa.astype(np.float64)[..., None] * qa.astype(np.float64)
     with np.errstate(over="ignore"):
-        return (y @ int8_rotation(qa.shape[-1])).astype(np.float32)
+        return (y @ shared_rotation(qa.shape[-1])[0]).astype(np.float32)
+
+
+def _float32(rotation: NDArray[Any]) -> NDArray[np.float32]:
+    """A rotation in float32: the shared copy for int8_rotation's own matrix,
+    a conversion for a caller's (a page pool's)."""
+    shared = shared_rotation(rotation.shape[0])
+    if rotation is shared[0]:
+        return shared[1]
+    return rotation.astype(np.float32, copy=False)
 
 
 def rotate(q: NDArray[Any], rotation: Any) -> NDArray[Any]:
@@ -218,7 +227,7 @@ def rotate(q: NDArray[Any], rotation: Any) -> NDArray[Any]:
     float32 (q as it is when there is no rotation)."""
     if rotation is None:
         return q
-    r = rotation if rotation.dtype == np.float32 else rotation.astype(np.float32)
+    r = _float32(rotation)
     # a stack of small products (np.matmul's own loop for 1-row items): a 2-D np.dot
     # would wake BLAS threads that then spin beside attnx's
     out: NDArray[Any] = np.matmul(q.astype(np.float32, copy=False)[..., None, :], r.T)
@@ -230,7 +239,7 @@ def rotate_back(result: Any, rotation: Any) -> Any:
     or first of a tuple) rotated back, ``out @ R``, in float32."""
     if rotation is None:
         return result
-    r = rotation if rotation.dtype == np.float32 else rotation.astype(np.float32)
+    r = _float32(rotation)
     out = result[0] if isinstance(result, tuple) else result
     back = np.matmul(out[..., None, :], r)[..., 0, :]
     return (back,) + result[1:] if isinstance(result, tuple) else back

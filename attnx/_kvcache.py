@@ -107,11 +107,9 @@ class KVCache:
         if dt == np.int8:
             self.k_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
             self.v_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
-            # read-only, shared by every int8 cache of the same widths; float32
-            # copies for the queries and outputs
-            (self.k_rotation, k32), (self.v_rotation, v32) = (
-                shared_rotation(self.head_dim), shared_rotation(self.value_dim))
-            self._rotations32 = (k32, v32)
+            # read-only, shared by every int8 cache of the same widths
+            self.k_rotation = shared_rotation(self.head_dim)[0]
+            self.v_rotation = shared_rotation(self.value_dim)[0]
 
     def __repr__(self) -> str:
         return (f"KVCache(batch={self.batch}, heads={self.heads}, max_len={self.max_len}, "
@@ -270,12 +268,11 @@ class KVCache:
 
         def shape_only(a: NDArray[Any]) -> NDArray[np.float32]:   # float32 zeros, no memory
             return np.broadcast_to(np.zeros(a.shape[-1], np.float32), a.shape)
-        rotations = self._rotations32 if self.k_rotation is not None else (None, None)
-        q = rotate(q, rotations[0])          # q · Rᵀy = (R q) · y: the stored rows as they are
+        q = rotate(q, self.k_rotation)       # q · Rᵀy = (R q) · y: the stored rows as they are
         p = attention_args(q, shape_only(k), shape_only(v), attn_mask, dropout_p, is_causal, scale,
                            enable_gqa, **opts).astype(np.float32, half_kv=True)
         int8_kv = ((k, self.k_scale[rows, :, :L, None]), (v, self.v_scale[rows, :, :L, None]))
-        return rotate_back(forward(p, need_weights, return_lse, int8_kv), rotations[1])
+        return rotate_back(forward(p, need_weights, return_lse, int8_kv), self.v_rotation)
 
     def _row(self, kw: dict[str, Any], b: int) -> dict[str, Any]:
         """Sequence b's options: row b of a per-sequence sinks/alibi_slopes

@@ -77,28 +77,22 @@ def _int8_pool(x: Tuple[object, ...], name: str,
     return unit_last_stride(pages), np.ascontiguousarray(scales, dtype=np.float32), rotation
 
 
-def _rotations(key: object, value: object) -> Tuple[Any, Any]:
-    """The int8 pools' rotations (key's, value's), None where there is none."""
-    if not (isinstance(key, tuple) and isinstance(value, tuple)):
-        return None, None
-    return _int8_pool(key, "key")[2], _int8_pool(value, "value")[2]
-
-
-def _pools(key: object, value: object) -> Tuple[Any, Any]:
+def _pools(key: object, value: object) -> Tuple[Any, Any, Any, Any]:
     """The pools as the core reads them, (num_blocks, Hk, block_size, E) views:
     float16 pairs and bfloat16 pairs (as uint16 bits) as they are, float32 as
     it is; other float dtypes converted to float32 (a copy); int8 pools
-    (``(pages, scales)`` tuples) as ``(pages, scales[..., None])`` views."""
+    (``(pages, scales[, rotation])`` tuples) as ``(pages, scales[..., None])``
+    views. Then the key's and the value's rotations (None without)."""
     if isinstance(key, tuple) or isinstance(value, tuple):
         if not (isinstance(key, tuple) and isinstance(value, tuple)):
             raise TypeError("key and value must both be (int8 pages, scales) tuples, or arrays")
-        (kp, ks, _), (vp, vs, _) = _int8_pool(key, "key"), _int8_pool(value, "value")
+        (kp, ks, kr), (vp, vs, vr) = _int8_pool(key, "key"), _int8_pool(value, "value")
         if kp.shape[:3] != vp.shape[:3]:
             raise ValueError(f"key and value pages must agree in (num_blocks, block_size, Hk); "
                              f"got key {shape_str(kp)}, value {shape_str(vp)}")
         _check_pool_shape(kp)
         return ((kp.swapaxes(1, 2), ks.swapaxes(1, 2)[..., None]),
-                (vp.swapaxes(1, 2), vs.swapaxes(1, 2)[..., None]))
+                (vp.swapaxes(1, 2), vs.swapaxes(1, 2)[..., None]), kr, vr)
     k, v = float_array(key, "key"), float_array(value, "value")
     for a, n in ((k, "key"), (v, "value")):
         if a.ndim != 4:
@@ -112,7 +106,7 @@ def _pools(key: object, value: object) -> Tuple[Any, Any]:
         k, v = k.view(np.uint16), v.view(np.uint16)
     elif not (k.dtype == v.dtype == np.float16):
         k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
-    return (unit_last_stride(k).swapaxes(1, 2), unit_last_stride(v).swapaxes(1, 2))
+    return (unit_last_stride(k).swapaxes(1, 2), unit_last_stride(v).swapaxes(1, 2), None, None)
 
 
 def _pool_shapes(key: object, value: object) -> str:
@@ -181,8 +175,7 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     q = float_array(query, "query")
     if q.ndim != 3:
         raise ValueError(f"query must be packed (total, H, E); got shape {shape_str(q)}")
-    kp, vp = _pools(key, value)
-    k_rotation, v_rotation = _rotations(key, value)
+    kp, vp, k_rotation, v_rotation = _pools(key, value)
     q = rotate(q, k_rotation)      # rows stand for Rᵀy: q · Rᵀy = (R q) · y, y read as stored
     kpages, vpages = (kp[0], vp[0]) if isinstance(kp, tuple) else (kp, vp)
     num_blocks, Hk, block_size = kpages.shape[:3]

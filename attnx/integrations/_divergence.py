@@ -29,10 +29,9 @@ def _decode_log_probs(model: Any, ids: torch.Tensor, prefill: int, steps: int,
     out: List[torch.Tensor] = []
     with torch.no_grad():
         res = model(ids[:, :prefill], use_cache=True, **{kw: cache})
-        cache = getattr(res, "cache", None) or getattr(res, "past_key_values", None)
         for t in range(prefill, prefill + steps):
-            res = model(ids[:, t:t + 1], use_cache=True, **{kw: cache})
-            cache = getattr(res, "cache", None) or getattr(res, "past_key_values", None)
+            # the output names the cache as forward's argument does
+            res = model(ids[:, t:t + 1], use_cache=True, **{kw: getattr(res, kw)})
             out.append(res.logits[0, -1].double().log_softmax(-1))
     return torch.stack(out)
 
