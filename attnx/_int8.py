@@ -10,6 +10,11 @@ quantized, and attention needs no dequantized copy to undo it: scores are dot
 products, ``q · Rᵀy = (R q) · y``, and outputs are sums of value rows,
 ``Σ p Rᵀy = Rᵀ Σ p y``. So the kernels read the stored rows as they are, with
 the query rotated once before and the output rotated back once after.
+
+Keys are centred first, on the mean of their sequence's prompt
+(:func:`fit_center`): what every key shares then costs no int8 levels, and
+the scores of a query row all move by one amount, which the softmax cancels;
+:func:`recenter` gives the lse (and the sinks, which join after) the shift back.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ INT8_SUBNORMAL_ROWS = 127 * 2.0 ** -126
 INT8_SUBNORMAL_SLACK = 2.0 ** -150
 
 
-def _refuse_nonfinite(x: NDArray[np.float64], a: NDArray[Any], name: str) -> None:
+def refuse_nonfinite(x: NDArray[np.float64], a: NDArray[Any], name: str) -> None:
     bad = ~np.isfinite(x)
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -57,7 +62,7 @@ def quantize_rows(a: NDArray[Any], name: str) -> Tuple[NDArray[np.int8], NDArray
     raise ValueError naming ``name`` and where. (Unrotated: the format of
     ``(pages, scales)`` pools; caches rotate first, :func:`quantize_int8`.)"""
     x = a.astype(np.float64)
-    _refuse_nonfinite(x, a, name)
+    refuse_nonfinite(x, a, name)
     big = np.abs(x) > _F32_MAX                 # float64 input past float32's range
     if big.any():
         at = tuple(int(i) for i in np.argwhere(big)[0])
@@ -145,7 +150,7 @@ def quantize_rotated(a: NDArray[Any], name: str, rotation: NDArray[np.float64],
     and rows too long for float32 once rotated raise ValueError naming
     ``name`` and where."""
     x = a.astype(np.float64)
-    _refuse_nonfinite(x, a, name)
+    refuse_nonfinite(x, a, name)
     y = x @ rotation.T
     top = np.abs(y).max(axis=-1) if y.shape[-1] else np.zeros(y.shape[:-1])
     if (top > _F32_MAX).any():
@@ -243,3 +248,45 @@ def rotate_back(result: Any, rotation: Any) -> Any:
     out = result[0] if isinstance(result, tuple) else result
     back = np.matmul(out[..., None, :], r)[..., 0, :]
     return (back,) + result[1:] if isinstance(result, tuple) else back
+
+
+def fit_center(x: NDArray[np.float64]) -> NDArray[np.float32]:
+    """The centre an int8 cache subtracts from a sequence's keys before it
+    rotates them: the mean of the keys that come with its token 0 (the
+    prompt), per (head, channel), rounded to float32. x (B, H, n, E), n >= 1
+    -> (B, H, 1, E). Keys of real models share a large part (the outlier
+    channels, nearly constant across tokens): without it the rows spend
+    their int8 levels on what every row holds."""
+    out: NDArray[np.float32] = x.mean(axis=2, keepdims=True).astype(np.float32)
+    return out
+
+
+def recenter(result: Any, q: NDArray[Any], centre: NDArray[np.float32], scale: float,
+             sinks: Any, need_weights: bool, return_lse: bool) -> Any:
+    """Attention over keys stored minus ``centre`` (B, Hk, 1, E), computed
+    without sinks with the lse last in ``result``, as over the keys
+    themselves: each score of query row i was short by ``o_i = scale · q_i ·
+    centre``, the same for every key of the row, so the softmax, the output
+    and the weights are those of the keys and only the lse moves, ``lse + o``;
+    then the sinks (B, Hq) join the row's denominator (:func:`join_sinks`),
+    which scales the output and the weights. q (B, Hq, n, E); returns
+    ``out[, weights][, lse]``."""
+    from ._grad import join_sinks        # _grad needs the whole forward: imported when used
+    out, lse = result[0], result[-1]
+    B, Hq, n, E = q.shape
+    g = centre.reshape(B, centre.shape[1], 1, E).repeat(Hq // centre.shape[1], axis=1)  # (B, Hq, 1, E)
+    shift = scale * np.matmul(q.astype(np.float64), g.astype(np.float64).swapaxes(-1, -2))[..., 0]
+    with np.errstate(invalid="ignore"):
+        lse64 = np.where(np.isneginf(lse), -np.inf, lse + shift)          # (B, Hq, n)
+    weights = result[1] if need_weights else None
+    if sinks is not None:
+        out, joined = join_sinks(out, lse64, sinks)
+        if weights is not None:
+            with np.errstate(invalid="ignore", over="ignore"):
+                f = np.where(np.isneginf(lse64), 0.0, np.exp(lse64 - joined))
+            weights = (weights * f[..., None]).astype(np.float32)
+        lse64 = joined
+    parts: Tuple[Any, ...] = (out,) + ((weights,) if weights is not None else ())
+    if return_lse:
+        parts += (lse64.astype(np.float32),)
+    return parts[0] if len(parts) == 1 else parts

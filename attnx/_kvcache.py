@@ -7,11 +7,13 @@ from typing import Any, Literal, Optional, SupportsIndex, Tuple, Union, overload
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from ._args import (as_array, attention_args, check_flag, float_array, is_bfloat16, nonnegative_int,
+from ._args import (AttentionArgs, as_array, attention_args, check_flag, float_array, is_bfloat16, nonnegative_int,
                     positive_int, shape_str)
 from ._functional import OPTIONS, forward, scaled_dot_product_attention
-from ._int8 import quantize_rotated, rotate, rotate_back, shared_rotation
+from ._int8 import (fit_center, quantize_rotated, recenter, refuse_nonfinite, rotate, rotate_back,
+                    shared_rotation)
 from ._options import check_names
+from ._variants import NO_VARIANTS
 
 __all__ = ["KVCache"]
 
@@ -41,6 +43,14 @@ def _cache_dtype(dtype: object) -> np.dtype[Any]:
 
 
 
+def _without_sinks(p: AttentionArgs) -> AttentionArgs:
+    """p with no sinks (they join the softmax after the centre's shift is undone)."""
+    va = p.variants._replace(sinks=None)
+    if va.alibi is None and va == NO_VARIANTS:
+        va = NO_VARIANTS
+    return p._replace(variants=va)
+
+
 class KVCache:
     """Keys and values of ``batch`` sequences, preallocated for ``max_len`` tokens.
 
@@ -54,21 +64,30 @@ class KVCache:
 
     An int8 cache takes a quarter of float32's memory and a float32 scale a
     (token, head) row: ``k_scale`` (batch, heads, max_len) and ``v_scale``
-    beside ``k`` and ``v``. Each appended row x is first rotated by a fixed
-    orthogonal matrix, ``y = R @ x`` with ``R = k_rotation`` (head_dim,
+    beside ``k`` and ``v``. Keys are first centred: each sequence's
+    ``k_center`` (batch, heads, 1, head_dim) float32, the mean of the keys
+    appended with its token 0 (the prompt; fixed then, kept until token 0 is
+    appended again after ``lengths`` went back to 0), is subtracted from
+    every key row of it (``center_keys=False``: no centre, k_center None).
+    Each row x (a key minus its centre, or a value) is then rotated by a
+    fixed orthogonal matrix, ``y = R @ x`` with ``R = k_rotation`` (head_dim,
     head_dim), ``attnx.int8_rotation(head_dim)`` (``v_rotation`` for values;
-    both read-only, shared by every int8 cache of the same widths),
-    which spreads outlier channels over the whole row; then quantized
-    symmetrically, ``scale = max|y| / 127``, rounded to nearest. Row ``k[b, h,
-    t]`` stands for ``R.T @ (k_scale[b, h, t] * k[b, h, t])``
-    (:func:`attnx.dequantize_int8`), within Euclidean distance ``sqrt(E) *
-    max|y| / 254 <= sqrt(E) * ||x|| / 254`` of what was appended (plus
-    ``sqrt(E) * 2**-150`` when ``max|y|`` is below 127 times the smallest
-    normal, ~1.5e-36, where the scale is subnormal). Attention reads the int8
-    values and scales in place, in float32 arithmetic, with the queries
-    rotated once before and the output rotated back once after (``q · R.T y =
-    (R q) · y``). For the other dtypes ``k_scale``, ``v_scale``,
-    ``k_rotation`` and ``v_rotation`` are None.
+    both read-only, shared by every int8 cache of the same widths), which
+    spreads outlier channels over the whole row; then quantized
+    symmetrically, ``scale = max|y| / 127``, rounded to nearest. Row ``k[b,
+    h, t]`` stands for ``R.T @ (k_scale[b, h, t] * k[b, h, t]) + k_center[b,
+    h, 0]`` (:func:`attnx.dequantize_int8`, plus the centre), within Euclidean
+    distance ``sqrt(E) * max|y| / 254 <= sqrt(E) * ||x|| / 254`` of what was
+    appended (plus ``sqrt(E) * 2**-150`` when ``max|y|`` is below 127 times
+    the smallest normal, ~1.5e-36, where the scale is subnormal). Attention
+    reads the int8 values and scales in place, in float32 arithmetic, with
+    the queries rotated once before and the output rotated back once after
+    (``q · R.T y = (R q) · y``). The centre shifts each query row's scores by
+    one amount, ``scale · q · k_center``, which the softmax cancels: the
+    output and weights are those of the keys; the lse gets the shift back,
+    and sinks join after it. ``softcap`` (tanh does not cancel it) needs
+    ``center_keys=False``. For the other dtypes ``k_scale``, ``v_scale``,
+    ``k_center``, ``k_rotation`` and ``v_rotation`` are None.
 
     Example
     -------
@@ -85,7 +104,7 @@ class KVCache:
 
     def __init__(self, batch: SupportsIndex, heads: SupportsIndex, max_len: SupportsIndex,
                  head_dim: SupportsIndex, value_dim: Optional[SupportsIndex] = None,
-                 dtype: DTypeLike = np.float32):
+                 dtype: DTypeLike = np.float32, center_keys: bool = True):
         self.batch = positive_int(batch, "batch")
         self.heads = positive_int(heads, "heads")
         self.max_len = nonnegative_int(max_len, "max_len")
@@ -104,7 +123,10 @@ class KVCache:
         self.v_scale: Optional[NDArray[np.float32]] = None
         self.k_rotation: Optional[NDArray[np.float64]] = None
         self.v_rotation: Optional[NDArray[np.float64]] = None
+        self.k_center: Optional[NDArray[np.float32]] = None
         if dt == np.int8:
+            if check_flag(center_keys, "center_keys"):
+                self.k_center = np.zeros((self.batch, self.heads, 1, self.head_dim), np.float32)
             self.k_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
             self.v_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
             # read-only, shared by every int8 cache of the same widths
@@ -127,9 +149,13 @@ class KVCache:
         n = n.astype(np.int64, copy=False)
         return n if n.flags.writeable else n.copy()     # append updates it in place
 
-    def _new(self, x: object, name: str, width: int) -> Tuple[NDArray[Any], Optional[NDArray[Any]]]:
-        """x as an array of the cache's dtype, (batch, heads, n, width), and its
-        scales (batch, heads, n) for an int8 cache (else None)."""
+    def _new(self, x: object, name: str, width: int, starts: Optional[NDArray[np.bool_]] = None,
+             ) -> Tuple[NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[np.float32]]]:
+        """x as an array of the cache's dtype, (batch, heads, n, width), its
+        scales (batch, heads, n) for an int8 cache (else None), and for keys
+        of a centring int8 cache the centres (batch, heads, 1, width): those
+        of k_center, but for the sequences that ``starts`` (batch,) (they
+        append their token 0 now), whose centre is fixed here (else None)."""
         a = float_array(x, name)
         if a.ndim != 4 or a.shape[:2] != (self.batch, self.heads) or a.shape[3] != width:
             raise ValueError(f"{name} must be (batch, heads, n, {width}) = ({self.batch}, "
@@ -137,9 +163,11 @@ class KVCache:
         if self.k.dtype == np.int8:
             rotation = self.k_rotation if name == "k_new" else self.v_rotation
             assert rotation is not None
-            return quantize_rotated(a, name, rotation)
+            if name != "k_new" or self.k_center is None or starts is None:
+                return quantize_rotated(a, name, rotation) + (None,)
+            return _quantize_centred(a, name, rotation, self.k_center, starts)
         if self.k.dtype == a.dtype:
-            return a, None
+            return a, None, None
         with np.errstate(over="ignore"):
             stored = a.astype(self.k.dtype)
         overflow = np.isinf(stored) & np.isfinite(a)
@@ -150,7 +178,7 @@ class KVCache:
             raise ValueError(f"{name} holds finite values beyond {name_dt}'s range (|x| up to "
                              f"{biggest:g} > {limit:g}), which a {name_dt} cache would store as "
                              f"inf; scale them or use dtype=np.float32")
-        return stored, None
+        return stored, None, None
 
     def append(self, k_new: object, v_new: object) -> None:
         """Write n new tokens of every sequence after its last one, in place.
@@ -160,13 +188,13 @@ class KVCache:
         when a float16 or bfloat16 cache would turn a finite value into inf, or
         when an int8 cache is given NaN or inf.
         """
-        k, ks = self._new(k_new, "k_new", self.head_dim)
-        v, vs = self._new(v_new, "v_new", self.value_dim)
+        lengths = self._lengths()
+        k, ks, centre = self._new(k_new, "k_new", self.head_dim, lengths == 0)
+        v, vs, _ = self._new(v_new, "v_new", self.value_dim)
         n = k.shape[2]
         if v.shape[2] != n:
             raise ValueError(f"k_new and v_new must hold the same number of tokens; got "
                              f"{shape_str(k)} and {shape_str(v)}")
-        lengths = self._lengths()
         if self.batch and int(lengths.max()) + n > self.max_len:
             raise ValueError(f"the cache is full: appending {n} token(s) to lengths "
                              f"{lengths.tolist()} would pass max_len={self.max_len}")
@@ -178,6 +206,8 @@ class KVCache:
                     and ks is not None and vs is not None:
                 self.k_scale[b, :, at:at + n] = ks[b]
                 self.v_scale[b, :, at:at + n] = vs[b]
+        if centre is not None and self.k_center is not None:
+            self.k_center[...] = centre
         lengths += n             # in place: the cache's own array, unless a caller replaced it
         self.lengths = lengths
 
@@ -257,22 +287,7 @@ class KVCache:
         k, v = self.k[rows, :, :L], self.v[rows, :, :L]
         if self.k_scale is None or self.v_scale is None:
             return scaled_dot_product_attention(q, k, v, **kw)
-        opts = dict(kw)
-        need_weights = check_flag(opts.pop("need_weights", False), "need_weights")
-        return_lse = check_flag(opts.pop("return_lse", False), "return_lse")
-        check_names(opts, OPTIONS | {"is_causal", "enable_gqa", "scale", "dropout_p", "attn_mask"},
-                    "KVCache.attend")
-        is_causal, enable_gqa = opts.pop("is_causal"), opts.pop("enable_gqa")
-        scale, dropout_p = opts.pop("scale", None), opts.pop("dropout_p", 0.0)
-        attn_mask = opts.pop("attn_mask", None)
-
-        def shape_only(a: NDArray[Any]) -> NDArray[np.float32]:   # float32 zeros, no memory
-            return np.broadcast_to(np.zeros(a.shape[-1], np.float32), a.shape)
-        q = rotate(q, self.k_rotation)       # q · Rᵀy = (R q) · y: the stored rows as they are
-        p = attention_args(q, shape_only(k), shape_only(v), attn_mask, dropout_p, is_causal, scale,
-                           enable_gqa, **opts).astype(np.float32, half_kv=True)
-        int8_kv = ((k, self.k_scale[rows, :, :L, None]), (v, self.v_scale[rows, :, :L, None]))
-        return rotate_back(forward(p, need_weights, return_lse, int8_kv), self.v_rotation)
+        return _int8_attend(self, q, rows, L, kw)
 
     def _row(self, kw: dict[str, Any], b: int) -> dict[str, Any]:
         """Sequence b's options: row b of a per-sequence sinks/alibi_slopes
@@ -284,3 +299,54 @@ class KVCache:
                 if a.ndim == ndim and a.shape[0] == self.batch:
                     row[name] = a[b:b + 1]
         return row
+
+
+def _int8_attend(cache: KVCache, q: NDArray[Any], rows: slice, L: int,
+                 kw: dict[str, Any]) -> Any:
+    """KVCache._attend over an int8 cache: the rows read in place, the queries
+    rotated before and the output after, the lse given the centre's shift."""
+    k, v = cache.k[rows, :, :L], cache.v[rows, :, :L]
+    assert cache.k_scale is not None and cache.v_scale is not None
+    opts = dict(kw)
+    need_weights = check_flag(opts.pop("need_weights", False), "need_weights")
+    return_lse = check_flag(opts.pop("return_lse", False), "return_lse")
+    check_names(opts, OPTIONS | {"is_causal", "enable_gqa", "scale", "dropout_p", "attn_mask"},
+                "KVCache.attend")
+    is_causal, enable_gqa = opts.pop("is_causal"), opts.pop("enable_gqa")
+    scale, dropout_p = opts.pop("scale", None), opts.pop("dropout_p", 0.0)
+    attn_mask = opts.pop("attn_mask", None)
+
+    def shape_only(a: NDArray[Any]) -> NDArray[np.float32]:   # float32 zeros, no memory
+        return np.broadcast_to(np.zeros(a.shape[-1], np.float32), a.shape)
+    qr = rotate(q, cache.k_rotation)      # q · Rᵀy = (R q) · y: the stored rows as they are
+    p = attention_args(qr, shape_only(k), shape_only(v), attn_mask, dropout_p, is_causal, scale,
+                       enable_gqa, **opts).astype(np.float32, half_kv=True)
+    int8_kv = ((k, cache.k_scale[rows, :, :L, None]), (v, cache.v_scale[rows, :, :L, None]))
+    if cache.k_center is None or (p.variants.sinks is None and not return_lse
+                                 and not p.variants.softcap):
+        # the centre's shift cancels in the output and weights: only the lse
+        # and the sinks see it
+        return rotate_back(forward(p, need_weights, return_lse, int8_kv), cache.v_rotation)
+    if p.variants.softcap:
+        raise ValueError("softcap needs the scores themselves, and this int8 cache stores keys "
+                         "minus a centre (their shift cancels in a softmax, not under tanh): "
+                         "use KVCache(..., center_keys=False) with softcap")
+    sinks = p.variants.sinks         # joined after the shift back: computed without them
+    res = forward(_without_sinks(p), need_weights, True, int8_kv)
+    return recenter(rotate_back(res, cache.v_rotation), q, cache.k_center[rows], p.scale, sinks,
+                    need_weights, return_lse)
+
+
+def _quantize_centred(a: NDArray[Any], name: str, rotation: NDArray[np.float64],
+                      centers: NDArray[np.float32], starts: NDArray[np.bool_],
+                      ) -> Tuple[NDArray[np.int8], NDArray[np.float32], NDArray[np.float32]]:
+    """Keys (batch, heads, n, E) minus their sequence's centre, rotated and
+    quantized; the centres (batch, heads, 1, E) are ``centers`` but for the
+    sequences that ``starts`` (batch,), fixed here from these keys."""
+    x = a.astype(np.float64)
+    refuse_nonfinite(x, a, name)
+    centre = centers.copy()
+    if a.shape[2]:
+        centre[starts] = fit_center(x[starts])
+    stored, scales = quantize_rotated(x - centre, name, rotation)
+    return stored, scales, centre

@@ -48,15 +48,20 @@ def cu_seqlens(x: object, name: str, total: Optional[int]) -> NDArray[np.int64]:
 
 
 def _int8_pool(x: Tuple[object, ...], name: str,
-               ) -> Tuple[NDArray[Any], NDArray[Any], Optional[NDArray[np.float64]]]:
-    """An int8 pool given as ``(pages, scales)`` or ``(pages, scales,
-    rotation)``: int8 (num_blocks, block_size, Hk, E), float32 scales
-    (num_blocks, block_size, Hk) and a rotation (E, E) or None, each page row
-    standing for ``rotation.T @ (scale * int8)`` (``scale * int8`` without a
-    rotation; an int8 attnx.KVCache row with its ``k_rotation``)."""
-    if len(x) not in (2, 3):
+               ) -> Tuple[NDArray[Any], NDArray[Any], Optional[NDArray[np.float64]],
+                          Optional[NDArray[Any]]]:
+    """An int8 pool given as ``(pages, scales)``, ``(pages, scales,
+    rotation)`` or, for keys, ``(pages, scales, rotation, centers)``: int8
+    (num_blocks, block_size, Hk, E), float32 scales (num_blocks, block_size,
+    Hk), a rotation (E, E) or None, and centers (N, Hk, E) or None, each page
+    row of sequence i standing for ``rotation.T @ (scale * int8) +
+    centers[i]`` (``scale * int8`` without a rotation; an int8 attnx.KVCache
+    row with its ``k_rotation`` and ``k_center``). The centers are checked
+    by the caller, who knows N."""
+    if len(x) not in ((2, 3, 4) if name == "key" else (2, 3)):
         raise ValueError(f"{name} as a tuple must be (int8 pages, scales) or (int8 pages, scales, "
-                         f"rotation); got {len(x)} items")
+                         f"rotation){' or (..., rotation, centers)' if name == 'key' else ''}; "
+                         f"got {len(x)} items")
     pages, scales = (as_array(a, f"{name}[{i}]") for i, a in enumerate(x[:2]))
     if pages.dtype != np.int8 or pages.ndim != 4:
         raise ValueError(f"{name}[0] must be int8 pages (num_blocks, block_size, H, E); got "
@@ -74,25 +79,28 @@ def _int8_pool(x: Tuple[object, ...], name: str,
                              f"attnx.int8_rotation({E}) gives; got {rotation.dtype} "
                              f"{shape_str(rotation)}")
         rotation = rotation.astype(np.float64)
-    return unit_last_stride(pages), np.ascontiguousarray(scales, dtype=np.float32), rotation
+    centers = None if len(x) < 4 or x[3] is None else as_array(x[3], f"{name}[3]")
+    return unit_last_stride(pages), np.ascontiguousarray(scales, dtype=np.float32), rotation, \
+        centers
 
 
-def _pools(key: object, value: object) -> Tuple[Any, Any, Any, Any]:
+def _pools(key: object, value: object) -> Tuple[Any, Any, Any, Any, Any]:
     """The pools as the core reads them, (num_blocks, Hk, block_size, E) views:
     float16 pairs and bfloat16 pairs (as uint16 bits) as they are, float32 as
     it is; other float dtypes converted to float32 (a copy); int8 pools
     (``(pages, scales[, rotation])`` tuples) as ``(pages, scales[..., None])``
-    views. Then the key's and the value's rotations (None without)."""
+    views. Then the key's and the value's rotations and the keys' centers
+    (None without)."""
     if isinstance(key, tuple) or isinstance(value, tuple):
         if not (isinstance(key, tuple) and isinstance(value, tuple)):
             raise TypeError("key and value must both be (int8 pages, scales) tuples, or arrays")
-        (kp, ks, kr), (vp, vs, vr) = _int8_pool(key, "key"), _int8_pool(value, "value")
+        (kp, ks, kr, kc), (vp, vs, vr, _) = _int8_pool(key, "key"), _int8_pool(value, "value")
         if kp.shape[:3] != vp.shape[:3]:
             raise ValueError(f"key and value pages must agree in (num_blocks, block_size, Hk); "
                              f"got key {shape_str(kp)}, value {shape_str(vp)}")
         _check_pool_shape(kp)
         return ((kp.swapaxes(1, 2), ks.swapaxes(1, 2)[..., None]),
-                (vp.swapaxes(1, 2), vs.swapaxes(1, 2)[..., None]), kr, vr)
+                (vp.swapaxes(1, 2), vs.swapaxes(1, 2)[..., None]), kr, vr, kc)
     k, v = float_array(key, "key"), float_array(value, "value")
     for a, n in ((k, "key"), (v, "value")):
         if a.ndim != 4:
@@ -106,7 +114,8 @@ def _pools(key: object, value: object) -> Tuple[Any, Any, Any, Any]:
         k, v = k.view(np.uint16), v.view(np.uint16)
     elif not (k.dtype == v.dtype == np.float16):
         k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
-    return (unit_last_stride(k).swapaxes(1, 2), unit_last_stride(v).swapaxes(1, 2), None, None)
+    return (unit_last_stride(k).swapaxes(1, 2), unit_last_stride(v).swapaxes(1, 2), None, None,
+            None)
 
 
 def _pool_shapes(key: object, value: object) -> str:
@@ -175,7 +184,8 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     q = float_array(query, "query")
     if q.ndim != 3:
         raise ValueError(f"query must be packed (total, H, E); got shape {shape_str(q)}")
-    kp, vp, k_rotation, v_rotation = _pools(key, value)
+    kp, vp, k_rotation, v_rotation, centers = _pools(key, value)
+    q_given = q
     q = rotate(q, k_rotation)      # rows stand for Rᵀy: q · Rᵀy = (R q) · y, y read as stored
     kpages, vpages = (kp[0], vp[0]) if isinstance(kp, tuple) else (kp, vp)
     num_blocks, Hk, block_size = kpages.shape[:3]
@@ -205,7 +215,46 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     Ev = vpages.shape[3]
     out = np.empty((q.shape[0], Hq, Ev), np.float32)
     lse = np.empty((Hq, q.shape[0]), np.float32)
+    c = None if centers is None else _centers(centers, n, Hk, kpages.shape[3], p.variants.softcap)
     _attnx.forward_varlen(p.q, kp, vp, out.swapaxes(0, 1)[None], lse[None, :, :, None], cq, ck,
-                          table, p.causal, p.scale, p.variants.core(a, s), threads(),
-                          p.q_bfloat16)
-    return rotate_back(out, v_rotation), lse
+                          table, p.causal, p.scale, p.variants.core(a, None if c is not None else s),
+                          threads(), p.q_bfloat16)
+    out = rotate_back(out, v_rotation)
+    if c is not None:
+        return _recenter_packed(out, lse, q_given, c, np.diff(cq), p.scale, s)
+    return out, lse
+
+
+def _centers(x: NDArray[Any], n: int, Hk: int, E: int, softcap: float) -> NDArray[np.float64]:
+    """The key pool's centers, checked: (N, Hk, E), finite; refused with softcap
+    (under tanh the centre's shift of a row's scores does not cancel)."""
+    if x.shape != (n, Hk, E) or x.dtype.kind not in "fiu" or not np.isfinite(x).all():
+        raise ValueError(f"key[3] must be finite centers ({n}, {Hk}, {E}) (N, Hk, E), one a "
+                         f"sequence (its KVCache k_center); got {x.dtype} {shape_str(x)}")
+    if softcap:
+        raise ValueError("softcap needs the scores themselves, and centred key pages hold keys "
+                         "minus a centre (its shift cancels in a softmax, not under tanh): pass "
+                         "pages filled without a centre")
+    return x.astype(np.float64)
+
+
+def _recenter_packed(out: F32, lse: F32, q: NDArray[Any], centers: NDArray[np.float64],
+                     lq: NDArray[np.int64], scale: float, sinks: Optional[NDArray[Any]],
+                     ) -> Tuple[F32, F32]:
+    """Packed out (total, Hq, Ev) and lse (Hq, total), computed without sinks
+    over keys minus their sequence's centre, as over the keys: each row's lse
+    gains ``scale · q · centers[i]`` (the shift the softmax cancelled), then
+    the sinks (N, Hq) join each row's denominator. q (total, Hq, E)."""
+    seq = np.repeat(np.arange(len(lq)), lq)                               # (total,)
+    Hq, Hk = q.shape[1], centers.shape[1]
+    g = centers[seq].repeat(Hq // Hk, axis=1)                             # (total, Hq, E)
+    shift = scale * np.einsum("the,the->ht", q.astype(np.float64), g)     # (Hq, total)
+    with np.errstate(invalid="ignore", over="ignore"):
+        lse64 = np.where(np.isneginf(lse), -np.inf, lse + shift)
+        if sinks is not None:
+            s = np.asarray(sinks, np.float64)[seq].T                      # (Hq, total)
+            total = np.logaddexp(lse64, s)
+            w = np.where(np.isneginf(lse64), 0.0, np.exp(lse64 - total))
+            out = (out * w.T[..., None]).astype(np.float32)
+            lse64 = np.where(np.isneginf(lse64), -np.inf, total)
+    return out, lse64.astype(np.float32)

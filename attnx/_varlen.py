@@ -159,7 +159,12 @@ def varlen_attention(query: ArrayInput, key: ArrayInput, value: ArrayInput,
     pages[row])``: the format of :class:`attnx.KVCache`'s int8 rows, filled
     with :func:`attnx.quantize_int8` and ``rotation =
     attnx.int8_rotation(E)``; ``(pages, scales)`` rows stand for ``scale *
-    pages[row]`` (no rotation). They are read in place too.
+    pages[row]`` (no rotation). They are read in place too. A key tuple may
+    carry a fourth item, ``centers`` (N, Hk, E): then sequence i's key rows
+    stand for ``rotation.T @ (scale * pages[row]) + centers[i]`` (keys filled
+    minus their sequence's centre, as a KVCache's with its ``k_center``):
+    the lse gets each row's shift back and sinks join after it; softcap is
+    refused (its tanh does not let the shift cancel).
 
     Returns out (total_q, Hq, Ev) float32, and with ``return_lse`` also
     lse (Hq, total_q) (flash-attn's varlen layout).

@@ -120,6 +120,39 @@ def test_int8_layers_hold_int8_and_scales():
     assert kv.lengths.tolist() == [16]       # 12 prompt tokens and 4 generated before the last
 
 
+def test_int8_reorder_and_growth_keep_each_sequences_key_centre():
+    """An int8 layer centres each sequence's keys on the mean of its prompt's
+    (k_center, one row a sequence): beam search's reordering and the cache's
+    growth move it with its sequence: attention over a reordered or grown
+    cache, output and lse, is that of the rows it came from (the centre's
+    shift cancels in the output and shows in the lse)."""
+    model = build("llama_gqa")
+    cache = hf.AttnxCache(model.config, dtype="int8")
+    generate(model, prompt(batch=3), cache, max_new_tokens=3)
+    layer = cache.layers[0]
+    kv = layer.cache
+    assert len(set(kv.k_center[:, 0, 0, 0].tolist())) == 3
+    q = np.random.default_rng(0).standard_normal((3, 2 * kv.heads, 1, kv.head_dim), np.float32)
+    want = kv.attend(q, return_lse=True)
+    order = [2, 0, 1]
+    cache.reorder_cache(torch.tensor(order))
+    for got, w in zip(layer.cache.attend(q[order], return_lse=True), want):
+        np.testing.assert_array_equal(got, w[order])
+    layer._grow(layer.cache.max_len + 1)
+    assert layer.cache is not kv and layer.cache.k_center is not None
+    for got, w in zip(layer.cache.attend(q[order], return_lse=True), want):
+        np.testing.assert_array_equal(got, w[order])
+
+
+def test_int8_softcap_models_keep_keys_uncentred():
+    """Gemma 2 softcaps its scores, under which the centre's shift would not
+    cancel: its int8 layers store keys uncentred, and generate() runs."""
+    model = build("gemma2_softcap_window")
+    cache = hf.AttnxCache(model.config, dtype="int8")
+    generate(model, prompt(), cache, max_new_tokens=4)
+    assert all(layer.cache.k_center is None for layer in cache.layers)
+
+
 def test_cache_grows_crops_and_resets():
     model = build("llama_gqa")
     cache = hf.AttnxCache(model.config, dtype="float32")

@@ -31,13 +31,15 @@ from conftest import LOW_FLOATS, assert_close, randn
 
 
 def dequantized(cache, L=None):
-    """The values an int8 cache stands for: R.T @ (scale * int8), in float64."""
+    """The values an int8 cache stands for: R.T @ (scale * int8), in float64,
+    plus each sequence's key centre (k_center) for the keys."""
     L = cache.max_len if L is None else L
 
     def rows(q, scale, rotation):
         return (scale[:, :, :L, None].astype(np.float64) * q[:, :, :L]) @ rotation
-    return rows(cache.k, cache.k_scale, cache.k_rotation), rows(cache.v, cache.v_scale,
-                                                               cache.v_rotation)
+    centre = 0.0 if cache.k_center is None else cache.k_center.astype(np.float64)
+    return (rows(cache.k, cache.k_scale, cache.k_rotation) + centre,
+            rows(cache.v, cache.v_scale, cache.v_rotation))
 
 
 def within_bound(x, stored):
@@ -52,10 +54,14 @@ def within_bound(x, stored):
     assert (err <= bound).all(), f"error {err.max()} past the bound (row max / 254)"
 
 
-def within_rotated_bound(x, stored):
+def within_rotated_bound(x, stored, centre=None):
     """Each row the cache stands for within Euclidean distance sqrt(E) * (max|y|
-    / 254 + the subnormal slack) of the row appended, y = R x; and max|y| <=
-    ||x||, so within sqrt(E) * ||x|| / 254 too."""
+    / 254 + the subnormal slack) of the row appended, y = R (x - centre) (keys
+    of a centring cache: centre its k_center; else 0); and max|y| <= ||x -
+    centre||, so within sqrt(E) * ||x - centre|| / 254 too."""
+    if centre is not None:
+        c = np.asarray(centre, np.float64)
+        x, stored = np.asarray(x, np.float64) - c, np.asarray(stored, np.float64) - c
     x64 = np.asarray(x, np.float64)
     E = x64.shape[-1]
     top = np.abs(x64 @ attnx.int8_rotation(E).T).max(axis=-1)
@@ -151,6 +157,50 @@ def test_outlier_channel_keys_twice_as_close_as_rows_unrotated(rng):
         assert ratio < 0.5, f"rotated / unrotated rms error {ratio:.2f}"
 
 
+def test_centred_keys_closer_than_uncentred_with_a_shared_part(rng):
+    """Keys that share a large part (outlier channels near 40 for every token,
+    and every channel's own offset, as real keys' per-channel means are):
+    minus the prompt's mean, the rows keep only what differs between
+    tokens, and their error, over the rows and in random queries' scores,
+    is under half of the rotated rows' without the centre. The values are
+    never centred."""
+    shared = rng.standard_normal(64) * 3 + np.where(np.isin(np.arange(64), [3, 17, 40]), 40.0, 0.0)
+    k = (rng.standard_normal((2, 2, 200, 64)) + shared).astype(np.float32)
+    centred = attnx.KVCache(2, 2, 200, 64, dtype="int8")
+    plain = attnx.KVCache(2, 2, 200, 64, dtype="int8", center_keys=False)
+    assert plain.k_center is None
+    for c in (centred, plain):
+        c.append(k, k)
+    np.testing.assert_allclose(centred.k_center, k.mean(axis=2, keepdims=True), rtol=1e-6,
+                               atol=1e-5)
+    (ck, cv), (pk, pv) = dequantized(centred, 200), dequantized(plain, 200)
+    np.testing.assert_array_equal(cv, pv)
+    q = rng.standard_normal((2, 2, 16, 64))
+    for ours, theirs in ((ck - k, pk - k), (q @ (ck - k).swapaxes(-1, -2),
+                                            q @ (pk - k).swapaxes(-1, -2))):
+        ratio = np.sqrt(np.mean(ours ** 2) / np.mean(theirs ** 2))
+        assert ratio < 0.5, f"centred / uncentred rms error {ratio:.2f}"
+
+
+def test_softcap_needs_uncentred_keys(rng):
+    """tanh does not let the centre's shift of a row's scores cancel: softcap
+    on a centring cache raises ValueError naming center_keys (and writes
+    nothing); with center_keys=False it is computed as over the rows."""
+    k, v = randn(rng, (1, 2, 6, 8)), randn(rng, (1, 2, 6, 8))
+    q = randn(rng, (1, 2, 2, 8))
+    cache = attnx.KVCache(1, 2, 8, 8, dtype="int8")
+    cache.append(k, v)
+    with pytest.raises(ValueError, match="center_keys=False"):
+        cache.attend(q, softcap=5.0)
+    plain = attnx.KVCache(1, 2, 8, 8, dtype="int8", center_keys=False)
+    plain.append(k, v)
+    kd, vd = dequantized(plain, 6)
+    assert_close(plain.attend(q, softcap=5.0),
+                 attnx.reference(q, kd, vd, is_causal="lower_right", softcap=5.0))
+    with pytest.raises(TypeError, match="center_keys"):
+        attnx.KVCache(1, 2, 8, 8, dtype="int8", center_keys="yes")
+
+
 def test_rotation_is_orthogonal_and_fixed():
     """int8_rotation(E) is orthogonal, the same every call, and its numbers are
     pinned: they define what stored int8 rows mean."""
@@ -189,7 +239,7 @@ def test_append_stores_int8_and_scales_in_place(rng, dtype):
     cache.append(k, v)
     assert [id(a) for a in (cache.k, cache.v, cache.k_scale, cache.v_scale)] == ids
     dk, dv = dequantized(cache, 4)
-    within_rotated_bound(k.astype(np.float32), dk)
+    within_rotated_bound(k.astype(np.float32), dk, cache.k_center)
     within_rotated_bound(v.astype(np.float32), dv)
     assert not cache.k[:, :, 4:].any() and not cache.k_scale[:, :, 4:].any()
 
@@ -282,7 +332,8 @@ OPTIONS = {
 @pytest.mark.parametrize("name", OPTIONS)
 def test_options_weights_and_lse_match_reference(isa, rng, name):
     kw = OPTIONS[name]
-    cache = attnx.KVCache(2, 2, 40, 8, value_dim=6, dtype="int8")
+    # softcap needs uncentred keys (tanh does not let the centre's shift cancel)
+    cache = attnx.KVCache(2, 2, 40, 8, value_dim=6, dtype="int8", center_keys="softcap" not in kw)
     for n in (20, 1, 1, 2):
         cache.append(randn(rng, (2, 2, n, 8)), randn(rng, (2, 2, n, 6)))
         q = randn(rng, (2, 4, n, 8))
@@ -381,7 +432,11 @@ def test_int8_pages_read_in_place_match_reference(isa, rng, block_size, rotated)
     cu_q, cu_k = np.cumsum([0] + lq), np.cumsum([0] + lens)
     q = randn(rng, (sum(lq), Hq, E))
     key, value = ((kq, ks, Rk), (vq, vs, Rv)) if rotated else ((kq, ks), (vq, vs))
-    out, lse = attnx.varlen_attention(q, key, value, cu_q, cu_k, block_table=table,
+    centers = randn(rng, (len(lens), Hk, E), scale=3.0) if rotated == "centred" else None
+    if centers is not None:
+        key += (centers,)
+    sinks = rng.standard_normal((len(lens), Hq)).astype(np.float32)
+    out, lse = attnx.varlen_attention(q, key, value, cu_q, cu_k, block_table=table, sinks=sinks,
                                       is_causal="lower_right", enable_gqa=True, return_lse=True)
     kd = (ks[..., None].astype(np.float64) * kq) @ Rk
     vd = (vs[..., None].astype(np.float64) * vq) @ Rv
@@ -390,9 +445,14 @@ def test_int8_pages_read_in_place_match_reference(isa, rng, block_size, rotated)
             continue
         rows = lambda pool: pool[table[i, :need[i]]].reshape(-1, Hk, pool.shape[-1])[:n]  # noqa: E731
         k, v = rows(kd).swapaxes(0, 1)[None], rows(vd).swapaxes(0, 1)[None]
+        if centers is not None:
+            k = k + centers[i][None, :, None, :]
         qi = q[cu_q[i]:cu_q[i + 1]].swapaxes(0, 1)[None]
-        want = attnx.reference(qi, k, v, is_causal="lower_right", enable_gqa=True)
+        kw = dict(is_causal="lower_right", enable_gqa=True, sinks=sinks[i])
+        want = attnx.reference(qi, k, v, **kw)
         assert_close(out[cu_q[i]:cu_q[i + 1]], want[0].swapaxes(0, 1), err_msg=f"sequence {i}")
+        want_lse = attnx.scaled_dot_product_attention(qi, k, v, return_lse=True, **kw)[1]
+        np.testing.assert_allclose(lse[:, cu_q[i]:cu_q[i + 1]], want_lse[0], rtol=2e-6, atol=2e-5)
 
 
 def test_int8_pages_refused_when_malformed(rng):
@@ -414,8 +474,16 @@ def test_int8_pages_refused_when_malformed(rng):
     with pytest.raises(ValueError, match=r"value\[2\] must be a finite rotation"):
         attnx.varlen_attention(q, (kq, ks), (kq, ks, np.full((16, 16), np.nan)), cu, cu,
                                block_table=table)
-    with pytest.raises(ValueError, match="got 4 items"):
-        attnx.varlen_attention(q, (kq, ks, None, None), (kq, ks), cu, cu, block_table=table)
+    with pytest.raises(ValueError, match="got 5 items"):
+        attnx.varlen_attention(q, (kq, ks, None, None, None), (kq, ks), cu, cu, block_table=table)
+    with pytest.raises(ValueError, match="value as a tuple .* got 4 items"):
+        attnx.varlen_attention(q, (kq, ks), (kq, ks, None, None), cu, cu, block_table=table)
+    with pytest.raises(ValueError, match=r"key\[3\] must be finite centers \(1, 2, 16\)"):
+        attnx.varlen_attention(q, (kq, ks, None, np.zeros((2, 2, 16))), (kq, ks), cu, cu,
+                               block_table=table)
+    with pytest.raises(ValueError, match="softcap needs the scores"):
+        attnx.varlen_attention(q, (kq, ks, None, np.zeros((1, 2, 16))), (kq, ks), cu, cu,
+                               block_table=table, softcap=3.0)
 
 
 # ------------------------------------------------------------ the glue's tuples
@@ -495,14 +563,15 @@ def test_rows_too_long_once_rotated_refused_writing_nothing(rng, which):
     v[0, 1, 2] = np.where(np.arange(16) == 5, -top, 0.5)
     cache.append(k, v)
     dk, dv = dequantized(cache, 5)
-    within_rotated_bound(k, dk[:, :, 2:])
+    within_rotated_bound(k, dk[:, :, 2:], cache.k_center)
     within_rotated_bound(v, dv[:, :, 2:])
 
 
 def test_cache_starting_with_one_token_grows(isa, rng):
-    """The format has no state fixed by early tokens (each row is rotated and
-    scaled on its own): a cache that starts with one token and grows one at a
-    time stores every row within the bound and attends as float64 over them."""
+    """A cache that starts with one token and grows one at a time: the keys'
+    centre is fixed by the append that writes token 0 (here that token alone,
+    so its centred row is zero and it is stored exactly) and never moves; every
+    row is within the bound and attention is float64's over the rows."""
     cache = attnx.KVCache(1, 2, 70, 64, dtype="int8")
     ks, vs = [], []
     for t in range(70):
@@ -511,11 +580,13 @@ def test_cache_starting_with_one_token_grows(isa, rng):
         cache.append(k, v)
         ks.append(k)
         vs.append(v)
+        np.testing.assert_array_equal(cache.k_center, ks[0])     # fixed by token 0, kept
         if t in (0, 1, 10, 69):
             q = randn(rng, (1, 4, 1, 64))
             kd, vd = dequantized(cache, t + 1)
             assert_close(cache.attend(q), attnx.reference(q, kd, vd, is_causal="lower_right",
                                                           enable_gqa=True))
     kd, vd = dequantized(cache, 70)
-    within_rotated_bound(np.concatenate(ks, axis=2), kd)
+    np.testing.assert_array_equal(kd[:, :, 0], ks[0][:, :, 0])
+    within_rotated_bound(np.concatenate(ks, axis=2), kd, cache.k_center)
     within_rotated_bound(np.concatenate(vs, axis=2), vd)

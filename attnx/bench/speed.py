@@ -128,10 +128,11 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
             k, v = cache.k, cache.v
             scales: Sequence[NDArray[Any]] = (cache.k_scale, cache.v_scale)
             fns += [partial(cache.attend, q), partial(read_all, k, v, ctx.threads, scales)]
-            # the same bytes read as the previous release's unrotated rows: the
-            # rotation's cost (two small products a call) beside the kernels'
+            # the same bytes read as the previous release's format (rows neither
+            # centred nor rotated): the cost of the two small products a call that
+            # rotate, and of the lse's shift back, beside the kernels'
             plain = copy.copy(cache)
-            plain.k_rotation = plain.v_rotation = None
+            plain.k_rotation = plain.v_rotation = plain.k_center = None
             unrotated_at = len(fns)
             fns.append(partial(plain.attend, q))
         else:
@@ -170,7 +171,7 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
         if name == "int8 KVCache" and unrotated_at is not None:
             row["vs_unrotated_int8"] = times[unrotated_at] / t
             row["note"] += (f"; {row['vs_unrotated_int8']:.2f}x the same int8 rows read "
-                            f"unrotated (the previous format)")
+                            f"uncentred and unrotated (the previous format)")
         rows.append(row)
     attnx.set_num_threads(0)
     return rows

@@ -26,8 +26,9 @@ DTYPES = ("int8", "bfloat16", "float16", "float32")
 
 
 def _buffers(c: KVCache) -> List[np.ndarray]:
-    """A cache's arrays along (batch, heads, tokens): k, v, and an int8 cache's scales."""
-    return [a for a in (c.k, c.v, c.k_scale, c.v_scale) if a is not None]
+    """A cache's arrays along (batch, heads, tokens): k, v, and an int8 cache's
+    scales and key centres (k_center: one row a sequence)."""
+    return [a for a in (c.k, c.v, c.k_scale, c.v_scale, c.k_center) if a is not None]
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:
@@ -68,8 +69,13 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
         self.keys = torch.zeros(1, 1, 1, 1, dtype=key_states.dtype)
         self.values = torch.zeros(1, 1, 1, 1, dtype=value_states.dtype)
         _PLACEHOLDERS[self.keys.data_ptr()] = self    # alive while self is: the address is ours
+        text = self.config.get_text_config(decoder=True) \
+            if hasattr(self.config, "get_text_config") else self.config
+        # a centred int8 cache cannot softcap (the centre's shift cancels in a
+        # softmax, not under tanh): Gemma 2's layers keep their keys uncentred
+        center = not getattr(text, "attn_logit_softcapping", None)
         self.cache = KVCache(B, H, self.max_cache_len or 256, D, value_dim=value_states.shape[-1],
-                             dtype=self.dtype)
+                             dtype=self.dtype, center_keys=center)
         self.is_initialized = True
 
     def _grow(self, need: int) -> None:
@@ -82,7 +88,8 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
             raise ValueError(f"AttnxCache is full: {need} tokens need more than max_cache_len="
                              f"{self.max_cache_len}")
         new = KVCache(old.batch, old.heads, max(need, 2 * old.max_len), old.head_dim,
-                      value_dim=old.value_dim, dtype=old.k.dtype)
+                      value_dim=old.value_dim, dtype=old.k.dtype,
+                      center_keys=old.k_center is not None)
         L = int(old.lengths.max()) if old.batch else 0
         for to, frm in zip(_buffers(new), _buffers(old)):
             to[:, :, :L] = frm[:, :, :L]
@@ -150,7 +157,7 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
         if old is None:
             return
         new = KVCache(len(index), old.heads, old.max_len, old.head_dim, value_dim=old.value_dim,
-                      dtype=old.k.dtype)
+                      dtype=old.k.dtype, center_keys=old.k_center is not None)
         for to, frm in zip(_buffers(new), _buffers(old)):
             to[...] = frm[index]
         new.lengths[:] = old.lengths[index]
