@@ -274,7 +274,8 @@ def recenter(result: Any, q: NDArray[Any], centre: NDArray[np.float32], scale: f
     from ._grad import join_sinks        # _grad needs the whole forward: imported when used
     out, lse = result[0], result[-1]
     B, Hq, n, E = q.shape
-    g = centre.reshape(B, centre.shape[1], 1, E).repeat(Hq // centre.shape[1], axis=1)  # (B, Hq, 1, E)
+    Hk = centre.shape[1]
+    g = centre.reshape(B, Hk, 1, E).repeat(Hq // Hk, axis=1)   # (B, Hq, 1, E): h takes h // (Hq/Hk)
     shift = scale * np.matmul(q.astype(np.float64), g.astype(np.float64).swapaxes(-1, -2))[..., 0]
     with np.errstate(invalid="ignore"):
         lse64 = np.where(np.isneginf(lse), -np.inf, lse + shift)          # (B, Hq, n)

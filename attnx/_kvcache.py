@@ -7,8 +7,8 @@ from typing import Any, Literal, Optional, SupportsIndex, Tuple, Union, overload
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from ._args import (AttentionArgs, as_array, attention_args, check_flag, float_array, is_bfloat16, nonnegative_int,
-                    positive_int, shape_str)
+from ._args import (AttentionArgs, as_array, attention_args, check_flag, float_array, is_bfloat16,
+                    nonnegative_int, positive_int, shape_str)
 from ._functional import OPTIONS, forward, scaled_dot_product_attention
 from ._int8 import (fit_center, quantize_rotated, recenter, refuse_nonfinite, rotate, rotate_back,
                     shared_rotation)
@@ -111,6 +111,7 @@ class KVCache:
         self.head_dim = positive_int(head_dim, "head_dim")
         self.value_dim = self.head_dim if value_dim is None else positive_int(value_dim, "value_dim")
         dt = _cache_dtype(dtype)
+        center = check_flag(center_keys, "center_keys")
         try:
             self.k: NDArray[Any] = np.zeros((self.batch, self.heads, self.max_len, self.head_dim), dt)
             self.v: NDArray[Any] = np.zeros((self.batch, self.heads, self.max_len, self.value_dim), dt)
@@ -125,7 +126,7 @@ class KVCache:
         self.v_rotation: Optional[NDArray[np.float64]] = None
         self.k_center: Optional[NDArray[np.float32]] = None
         if dt == np.int8:
-            if check_flag(center_keys, "center_keys"):
+            if center:
                 self.k_center = np.zeros((self.batch, self.heads, 1, self.head_dim), np.float32)
             self.k_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)
             self.v_scale = np.zeros((self.batch, self.heads, self.max_len), np.float32)

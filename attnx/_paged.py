@@ -216,9 +216,10 @@ def paged_forward(query: object, key: object, value: object, cu_seqlens_q: objec
     out = np.empty((q.shape[0], Hq, Ev), np.float32)
     lse = np.empty((Hq, q.shape[0]), np.float32)
     c = None if centers is None else _centers(centers, n, Hk, kpages.shape[3], p.variants.softcap)
+    core_sinks = s if c is None else None     # with centres: joined after the lse's shift
     _attnx.forward_varlen(p.q, kp, vp, out.swapaxes(0, 1)[None], lse[None, :, :, None], cq, ck,
-                          table, p.causal, p.scale, p.variants.core(a, None if c is not None else s),
-                          threads(), p.q_bfloat16)
+                          table, p.causal, p.scale, p.variants.core(a, core_sinks), threads(),
+                          p.q_bfloat16)
     out = rotate_back(out, v_rotation)
     if c is not None:
         return _recenter_packed(out, lse, q_given, c, np.diff(cq), p.scale, s)

@@ -197,8 +197,9 @@ def test_softcap_needs_uncentred_keys(rng):
     kd, vd = dequantized(plain, 6)
     assert_close(plain.attend(q, softcap=5.0),
                  attnx.reference(q, kd, vd, is_causal="lower_right", softcap=5.0))
-    with pytest.raises(TypeError, match="center_keys"):
-        attnx.KVCache(1, 2, 8, 8, dtype="int8", center_keys="yes")
+    for dtype in ("int8", np.float32):
+        with pytest.raises(TypeError, match="center_keys"):
+            attnx.KVCache(1, 2, 8, 8, dtype=dtype, center_keys="yes")
 
 
 def test_rotation_is_orthogonal_and_fixed():
