@@ -176,7 +176,9 @@ def quantize_int8(x: ArrayLike) -> Tuple[NDArray[np.int8], NDArray[np.float32]]:
     ``sqrt(E) * max|y| / 254 <= sqrt(E) * ||x|| / 254`` of ``x``. NaN, inf and
     rows whose rotated values pass float32's largest raise ValueError. Use it
     to fill int8 pages for :func:`attnx.varlen_attention`, passed as
-    ``(pages, scales, attnx.int8_rotation(E))``.
+    ``(pages, scales, attnx.int8_rotation(E))``. (An int8 cache's key rows
+    are this of the keys minus their sequence's centre, ``k_center``, which
+    key pages then take as a fourth item.)
 
     Example
     -------
@@ -198,7 +200,8 @@ def quantize_int8(x: ArrayLike) -> Tuple[NDArray[np.int8], NDArray[np.float32]]:
 def dequantize_int8(q: ArrayLike, scale: ArrayLike) -> NDArray[np.float32]:
     """The rows int8 values stand for: q (B..., E) int8 and scale (B...,)
     float32 (as :func:`quantize_int8` and an int8 :class:`attnx.KVCache` store
-    them) give ``(scale * q) @ int8_rotation(E)`` (B..., E) float32, computed in
+    them; a cache's keys add their ``k_center``) give ``(scale * q) @
+    int8_rotation(E)`` (B..., E) float32, computed in
     float64 and rounded once (a value within the bound of float32's largest
     may round to inf; the caches' attention never forms these rows).
 
