@@ -14,6 +14,10 @@
 # Environment:
 #   ATTNX_SANITIZE_DIR   where to put the copy (default: a new mktemp -d; kept
 #                        when given, removed otherwise)
+#   ATTNX_SANITIZE_REUSE  "1": with ATTNX_SANITIZE_DIR, a copy already built
+#                        there (by an earlier run of this script on the same
+#                        tree, as CI's sanitizer stage before its fuzzing) is
+#                        used as it is, not copied and built again
 #   ATTNX_SANITIZE_ISAS  instruction sets to run (default: scalar avx2 avx512,
 #                        those the CPU has)
 #   ATTNX_SANITIZE_FULL  "all": the whole suite on every ISA; default: the whole
@@ -49,6 +53,13 @@ tree=$work/tree
 logs=$work/logs
 
 # ---- 1. a copy of the working tree, built with the sanitizers --------------
+if [[ ${ATTNX_SANITIZE_REUSE:-} == 1 && -n ${ATTNX_SANITIZE_DIR:-} ]] \
+        && compgen -G "$tree/attnx/_attnx*.so" >/dev/null; then
+    echo "== reusing the sanitized extension built in $tree"
+    rm -rf "$logs"
+    mkdir -p "$logs"
+    t0=$SECONDS
+else
 rm -rf "$tree" "$logs"
 mkdir -p "$tree" "$logs"
 (cd "$src" && tar cf - --exclude=.git --exclude=build --exclude='*.so' --exclude='*.egg-info' \
@@ -59,6 +70,7 @@ t0=$SECONDS
 (cd "$tree" && CC=$CC ATTNX_EXTRA_CFLAGS="$SAN_CFLAGS" ATTNX_EXTRA_LDFLAGS="$SAN_LDFLAGS" \
     python setup.py -q build_ext --inplace >"$work/build.log" 2>&1) \
     || { cat "$work/build.log"; echo "sanitize: build failed" >&2; exit 1; }
+fi
 so=$(ls "$tree"/attnx/_attnx*.so)
 # (the symbols are read whole first: `nm | grep -q` under pipefail fails at
 # random when grep exits early and nm dies of SIGPIPE)
