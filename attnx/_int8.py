@@ -20,7 +20,7 @@ the scores of a query row all move by one amount, which the softmax cancels;
 from __future__ import annotations
 
 import functools
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -41,7 +41,7 @@ INT8_SUBNORMAL_ROWS = 127 * 2.0 ** -126
 INT8_SUBNORMAL_SLACK = 2.0 ** -150
 
 
-def refuse_nonfinite(x: NDArray[np.float64], a: NDArray[Any], name: str) -> None:
+def _refuse_nonfinite(x: NDArray[np.float64], a: NDArray[Any], name: str) -> None:
     bad = ~np.isfinite(x)
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -62,7 +62,7 @@ def quantize_rows(a: NDArray[Any], name: str) -> Tuple[NDArray[np.int8], NDArray
     raise ValueError naming ``name`` and where. (Unrotated: the format of
     ``(pages, scales)`` pools; caches rotate first, :func:`quantize_int8`.)"""
     x = a.astype(np.float64)
-    refuse_nonfinite(x, a, name)
+    _refuse_nonfinite(x, a, name)
     big = np.abs(x) > _F32_MAX                 # float64 input past float32's range
     if big.any():
         at = tuple(int(i) for i in np.argwhere(big)[0])
@@ -144,13 +144,16 @@ def int8_rotation(dim: int) -> NDArray[np.float64]:
 
 
 def quantize_rotated(a: NDArray[Any], name: str, rotation: NDArray[np.float64],
+                     centre: Optional[NDArray[Any]] = None,
                      ) -> Tuple[NDArray[np.int8], NDArray[np.float32]]:
-    """Rows (..., E) rotated by ``rotation`` (E, E) and quantized
-    (:func:`quantize_rows` on ``y = x @ rotation.T``, in float64). NaN, inf
-    and rows too long for float32 once rotated raise ValueError naming
-    ``name`` and where."""
+    """Rows (..., E), minus ``centre`` (broadcast to them) when given, rotated
+    by ``rotation`` (E, E) and quantized (:func:`quantize_rows` on ``y = (x -
+    centre) @ rotation.T``, in float64). NaN, inf (in x) and rows too long for
+    float32 once rotated raise ValueError naming ``name`` and where."""
     x = a.astype(np.float64)
-    refuse_nonfinite(x, a, name)
+    _refuse_nonfinite(x, a, name)
+    if centre is not None:
+        x -= centre
     y = x @ rotation.T
     top = np.abs(y).max(axis=-1) if y.shape[-1] else np.zeros(y.shape[:-1])
     if (top > _F32_MAX).any():
@@ -271,26 +274,36 @@ def recenter(result: Any, q: NDArray[Any], centre: NDArray[np.float32], scale: f
     themselves: each score of query row i was short by ``o_i = scale · q_i ·
     centre``, the same for every key of the row, so the softmax, the output
     and the weights are those of the keys and only the lse moves, ``lse + o``;
-    then the sinks (B, Hq) join the row's denominator (:func:`join_sinks`),
+    then the sinks (B, Hq) join the row's denominator (:func:`shift_lse`),
     which scales the output and the weights. q (B, Hq, n, E); returns
     ``out[, weights][, lse]``."""
-    from ._grad import join_sinks        # _grad needs the whole forward: imported when used
     out, lse = result[0], result[-1]
     B, Hq, n, E = q.shape
     Hk = centre.shape[1]
     g = centre.reshape(B, Hk, 1, E).repeat(Hq // Hk, axis=1)   # (B, Hq, 1, E): h takes h // (Hq/Hk)
     shift = scale * np.matmul(q.astype(np.float64), g.astype(np.float64).swapaxes(-1, -2))[..., 0]
-    with np.errstate(invalid="ignore"):
-        lse64 = np.where(np.isneginf(lse), -np.inf, lse + shift)          # (B, Hq, n)
-    weights = result[1] if need_weights else None
-    if sinks is not None:
-        out, joined = join_sinks(out, lse64, sinks)
-        if weights is not None:
-            with np.errstate(invalid="ignore", over="ignore"):
-                f = np.where(np.isneginf(lse64), 0.0, np.exp(lse64 - joined))
-            weights = (weights * f[..., None]).astype(np.float32)
-        lse64 = joined
-    parts: Tuple[Any, ...] = (out,) + ((weights,) if weights is not None else ())
+    row_sinks = None if sinks is None else np.asarray(sinks, np.float64).reshape(B, Hq, 1)
+    lse64, w = shift_lse(lse, shift, row_sinks)                       # (B, Hq, n)
+    parts: Tuple[Any, ...] = (out if w is None else (out * w[..., None]).astype(np.float32),)
+    if need_weights:
+        parts += (result[1] if w is None else (result[1] * w[..., None]).astype(np.float32),)
     if return_lse:
         parts += (lse64.astype(np.float32),)
     return parts[0] if len(parts) == 1 else parts
+
+
+def shift_lse(lse: NDArray[Any], shift: NDArray[np.float64], sinks: Optional[NDArray[Any]],
+              ) -> Tuple[NDArray[np.float64], Optional[NDArray[np.float64]]]:
+    """The lse of rows computed over keys minus a centre, computed without
+    sinks, given back what the softmax cancelled: ``lse + shift`` (rows with
+    no allowed key, -inf, stay so); then the sinks' logits (broadcast to
+    lse) join each row's denominator. Returns the lse (float64, lse's shape)
+    and the factor that scales the row's output and weights,
+    ``exp(lse + shift - joined)`` (None without sinks)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        lse64 = np.where(np.isneginf(lse), -np.inf, lse + shift)
+        if sinks is None:
+            return lse64, None
+        joined = np.logaddexp(lse64, sinks)
+        w = np.where(np.isneginf(lse64), 0.0, np.exp(lse64 - joined))
+        return np.where(np.isneginf(lse64), -np.inf, joined), w

@@ -10,8 +10,7 @@ from numpy.typing import DTypeLike, NDArray
 from ._args import (AttentionArgs, as_array, attention_args, check_flag, float_array, is_bfloat16,
                     nonnegative_int, positive_int, shape_str)
 from ._functional import OPTIONS, forward, scaled_dot_product_attention
-from ._int8 import (fit_center, quantize_rotated, recenter, refuse_nonfinite, rotate, rotate_back,
-                    shared_rotation)
+from ._int8 import fit_center, quantize_rotated, recenter, rotate, rotate_back, shared_rotation
 from ._options import check_names
 from ._variants import NO_VARIANTS
 
@@ -344,10 +343,8 @@ def _quantize_centred(a: NDArray[Any], name: str, rotation: NDArray[np.float64],
     """Keys (batch, heads, n, E) minus their sequence's centre, rotated and
     quantized; the centres (batch, heads, 1, E) are ``centers`` but for the
     sequences that ``starts`` (batch,), fixed here from these keys."""
-    x = a.astype(np.float64)
-    refuse_nonfinite(x, a, name)
     centre = centers.copy()
-    if a.shape[2]:
-        centre[starts] = fit_center(x[starts])
-    stored, scales = quantize_rotated(x - centre, name, rotation)
+    if a.shape[2]:       # (non-finite keys: quantize_rotated refuses them, writing nothing)
+        centre[starts] = fit_center(a[starts].astype(np.float64))
+    stored, scales = quantize_rotated(a, name, rotation, centre)
     return stored, scales, centre

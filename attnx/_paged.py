@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _attnx
-from ._int8 import rotate, rotate_back
+from ._int8 import rotate, rotate_back, shift_lse
 from ._args import (F32, as_array, attention_args, check_alibi_range, float_array, integer_array,
                     is_bfloat16, shape_str, small_float_array, unit_last_stride)
 
@@ -250,12 +250,8 @@ def _recenter_packed(out: F32, lse: F32, q: NDArray[Any], centers: NDArray[np.fl
     Hq, Hk = q.shape[1], centers.shape[1]
     g = centers[seq].repeat(Hq // Hk, axis=1)                             # (total, Hq, E)
     shift = scale * np.einsum("the,the->ht", q.astype(np.float64), g)     # (Hq, total)
-    with np.errstate(invalid="ignore", over="ignore"):
-        lse64 = np.where(np.isneginf(lse), -np.inf, lse + shift)
-        if sinks is not None:
-            s = np.asarray(sinks, np.float64)[seq].T                      # (Hq, total)
-            total = np.logaddexp(lse64, s)
-            w = np.where(np.isneginf(lse64), 0.0, np.exp(lse64 - total))
-            out = (out * w.T[..., None]).astype(np.float32)
-            lse64 = np.where(np.isneginf(lse64), -np.inf, total)
+    row_sinks = None if sinks is None else np.asarray(sinks, np.float64)[seq].T   # (Hq, total)
+    lse64, w = shift_lse(lse, shift, row_sinks)
+    if w is not None:
+        out = (out * w.T[..., None]).astype(np.float32)
     return out, lse64.astype(np.float32)

@@ -184,8 +184,8 @@ def test_centred_keys_closer_than_uncentred_with_a_shared_part(rng):
 
 def test_softcap_needs_uncentred_keys(rng):
     """tanh does not let the centre's shift of a row's scores cancel: softcap
-    on a centring cache raises ValueError naming center_keys (and writes
-    nothing); with center_keys=False it is computed as over the rows."""
+    on a centring cache raises ValueError naming center_keys; with
+    center_keys=False it is computed as over the rows."""
     k, v = randn(rng, (1, 2, 6, 8)), randn(rng, (1, 2, 6, 8))
     q = randn(rng, (1, 2, 2, 8))
     cache = attnx.KVCache(1, 2, 8, 8, dtype="int8")

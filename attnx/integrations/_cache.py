@@ -69,14 +69,19 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
         self.keys = torch.zeros(1, 1, 1, 1, dtype=key_states.dtype)
         self.values = torch.zeros(1, 1, 1, 1, dtype=value_states.dtype)
         _PLACEHOLDERS[self.keys.data_ptr()] = self    # alive while self is: the address is ours
-        text = self.config.get_text_config(decoder=True) \
-            if hasattr(self.config, "get_text_config") else self.config
         # a centred int8 cache cannot softcap (the centre's shift cancels in a
         # softmax, not under tanh): Gemma 2's layers keep their keys uncentred
-        center = not getattr(text, "attn_logit_softcapping", None)
+        center = not getattr(self._text_config(), "attn_logit_softcapping", None)
         self.cache = KVCache(B, H, self.max_cache_len or 256, D, value_dim=value_states.shape[-1],
                              dtype=self.dtype, center_keys=center)
         self.is_initialized = True
+
+    def _text_config(self) -> Any:
+        """The model's (decoder) text config, where its attention settings are."""
+        text = self.config
+        if hasattr(text, "get_text_config"):
+            text = text.get_text_config(decoder=True)
+        return text
 
     def _grow(self, need: int) -> None:
         """Room for ``need`` tokens: a cache twice as long (at least), the filled part copied."""
@@ -100,10 +105,7 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
                **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
         """Append (B, Hk, n, D) keys and values; returns placeholders (B, Hk, L, D)
         that the "attnx" attention reads the cache behind."""
-        text = self.config
-        if hasattr(text, "get_text_config"):
-            text = text.get_text_config(decoder=True)
-        impl = getattr(text, "_attn_implementation", None)
+        impl = getattr(self._text_config(), "_attn_implementation", None)
         if self.pending or (impl is not None and not str(impl).startswith("attnx")):
             said = f"this model uses {impl!r}" if impl is not None and not str(impl).startswith(
                 "attnx") else "the last keys it returned were not read by attnx's attention"
