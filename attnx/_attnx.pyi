@@ -106,6 +106,7 @@ EXP_FLUSH_BELOW: float
 ISA_NAMES: tuple[str, ...]
 """Every instruction set the build knows, in order: ("scalar", "avx2", "avx512", "neon")."""
 MAX_THREADS: int
+EMULATED_AVX512: int
 """The most threads a call uses."""
 
 def backward(

@@ -108,6 +108,37 @@ def test_medium_on_bfloat16_inputs_through_attnx_torch(isa, rng):
             assert m <= t, f"{precision} {name}: {m:.3g} > torch bfloat16's {t:.3g}"
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_medium_rounds_p_on_the_bfloat16_dot_path(rng, threads):
+    """bfloat16 queries, keys and values (NumPy): where the CPU has bfloat16
+    dot products, "medium" takes pv_medium (P rounded to bfloat16 for P·V),
+    so its bits differ from "highest"'s, and its error against float64 is
+    within 1.25x torch's bfloat16 SDPA's on the same values (the issue's bar;
+    torch rounds P too); elsewhere "medium" gives "highest"'s bits. Every
+    tile of P·V (Lk past several tiles of 128 keys, an odd count) takes it."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = (a.astype(ml_dtypes.bfloat16) for a in _qkv(rng, Lq=96, Lk=301, D=64))
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(threads)
+    try:
+        highest = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        medium = attnx.scaled_dot_product_attention(q, k, v, enable_gqa=True, precision="medium")
+    finally:
+        attnx.set_num_threads(previous)
+    if _attnx.bf16_dots() is None:
+        assert np.array_equal(highest, medium)
+        return
+    assert not np.array_equal(highest, medium), "medium gave highest's bits: no kernel took it"
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    ref = attnx.reference(q64, k64, v64, enable_gqa=True)
+    ts = [torch.from_numpy(a.astype(np.float32)).bfloat16() for a in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*ts, enable_gqa=True)
+    torch_err = np.abs(out.float().numpy() - ref).max()
+    err = np.abs(medium - ref).max()
+    assert err <= 1.25 * torch_err, f"medium {err:.3g} > 1.25x torch bfloat16's {torch_err:.3g}"
+    assert np.abs(highest - ref).max() < 1e-5  # "highest" keeps the float32 bar
+
+
 def test_after_a_onednn_bfloat16_matmul_on_the_same_thread(isa, rng):
     """oneDNN's bfloat16 matmul (AMX tiles where the CPU has them) leaves its
     tile configuration on the thread; attnx's calls after it are still right."""

@@ -160,7 +160,8 @@ static inline int all_bf16(const attnx_problem *p)
  * packed unscaled as bfloat16 pairs, and the kernel scales the sums by the
  * whole scale (1/√D is no bfloat16 value: pre-scaling would round q). With
  * pv_tiles those blocks also take kt->pv_bf16 for P·V, into an accumulator
- * kept transposed (fwd_scratch.acct).
+ * kept transposed (fwd_scratch.acct); under precision "medium", kt->pv_medium
+ * (pv_medium: P rounded to bfloat16, a dot product a pair of keys).
  * split_dp: the scores of float32 queries and keys take kt->qk_split (AMX),
  * the keys split once a call into bfloat16 parts (forward.c), the queries
  * once an item; only where a key tile meets enough queries to pay for the
@@ -173,6 +174,7 @@ typedef struct {
     float pre_scale, post_scale;
     int bf16_dots;
     int pv_tiles;     /* bf16_dots and kt->pv_bf16, Dv % 16 == 0: their blocks' P·V on tiles */
+    int pv_medium;    /* and precision "medium": kt->pv_medium instead (P rounded to bfloat16) */
     int64_t split_dp; /* float32 on tiles (kt->qk_split): D rounded up to 32; else 0 */
     int split_pv;     /* and P·V on tiles too (kt->pv_split, Dv % 16 == 0) */
     /* the mask's block map (blockmap.c), or NULL: block (b, h, qb, kb) at

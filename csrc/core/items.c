@@ -91,8 +91,9 @@ static query_packing pack_queries(const fwd_job *jb, const fwd_scratch *s, const
 }
 
 /* Where an item's P·V goes: rows of s->acc (pv, pv_half), or on AMX's
- * tiles into the transposed accumulator s->acct, with pv_bf16 over bfloat16
- * values or pv_split over the head's value parts. */
+ * tiles into the transposed accumulator s->acct, with pv_bf16 (under
+ * "medium" pv_medium, AVX512_BF16's too) over bfloat16 values or pv_split
+ * over the head's value parts. */
 typedef enum { VALUES_ROWS, VALUES_BF16_TILES, VALUES_SPLIT_TILES } value_path;
 
 /* How an item's tiles are computed: the scores by the queries' packing,
@@ -203,8 +204,9 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     }
     if (path->values == VALUES_BF16_TILES) {
         const attnx_half_tensor *v = &p->v16;
-        jb->run.kt->pv_bf16(s->st, BQ, it->nq, half_rows_at(p, v, it, j0), v->sl, nk, p->Dv, alpha,
-                            s->acct, s->pv_work);
+        (jb->run.pv_medium ? jb->run.kt->pv_medium
+                           : jb->run.kt->pv_bf16)(s->st, BQ, it->nq, half_rows_at(p, v, it, j0),
+                                                  v->sl, nk, p->Dv, alpha, s->acct, s->pv_work);
         return;
     }
     const int rows = rows_layout(jb, it->nq);

@@ -40,7 +40,9 @@ attnx_run attnx_run_of(const attnx_problem *p)
     /* pages: the FMA kernels, which read a tile's rows in place; the tile
      * paths read whole heads or wider tiles of rows one stride apart */
     r.bf16_dots = r.kt->qk_bf16 && all_bf16(p) && !p->pages.table;
-    r.pv_tiles = r.bf16_dots && r.kt->pv_bf16 && p->Dv % 16 == 0;
+    r.pv_medium =
+        r.bf16_dots && p->precision == ATTNX_PRECISION_MEDIUM && r.kt->pv_medium && p->Dv % 16 == 0;
+    r.pv_tiles = r.pv_medium || (r.bf16_dots && r.kt->pv_bf16 && p->Dv % 16 == 0);
     /* the forward splits float32 keys and values met by 12 query blocks or
      * more: splitting them costs about a third of one block's tile
      * products, and with two threads the split loses more than with one

@@ -35,14 +35,35 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 
-#if defined(__clang__)
+#if defined(ATTNX_EMULATE_AVX512)
+#include "kernels/emulate_avx512.h"
+#elif defined(ATTNX_TILE_MODEL) && defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl"))), \
+                             apply_to = function)
+#elif defined(ATTNX_TILE_MODEL) && defined(__GNUC__)
+#pragma GCC target("avx512f,avx512bw,avx512vl")
+#elif defined(__clang__)
 #pragma clang attribute push( \
     __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl"))), apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
 #endif
+#ifndef ATTNX_EMULATE_AVX512
 #include <immintrin.h>
+#endif
 
+/* amx_emulated.c: the same kernels on the tile unit's model, named
+ * *_amx_emulated (the emulated AVX-512 build has no real tiles either). */
+#if defined(ATTNX_TILE_MODEL) || defined(ATTNX_EMULATE_AVX512)
+#include "kernels/tile_model.h"
+#endif
+#ifdef ATTNX_TILE_MODEL
+#define AMX(name) name##_amx_emulated
+#else
+#define AMX(name) name##_amx
+#endif
+
+#include "kernels/bf16_avx512.h"
 #include "kernels/transpose_avx512.h"
 
 #define TILE 16      /* rows of a tile: keys of A and C, pairs of dims of B */
@@ -188,8 +209,8 @@ static void block(int nkb, int nqb, const uint32_t *qt2, int64_t ldq, const uint
 }
 
 // qt2: (ceil(D/2), ldq) pairs  k: (nk, D) bf16 rows k_sl apart  st: (nk, ldq)
-void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
-                       int nk, int64_t D, float scale, float *st)
+void AMX(attnx_qk_bf16)(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
+                        int nk, int64_t D, float scale, float *st)
 {
     const int nk_tiles = D % TILE_DIMS ? 0 : nk / TILE * TILE; /* keys the tiles take */
     if (nk_tiles) {
@@ -225,6 +246,9 @@ void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t 
 _Static_assert(PARTS *PART_FLOATS == ATTNX_PV_BF16_WORK(0),
                "ATTNX_PV_BF16_WORK holds the parts, then the values transposed");
 
+/* split_probs' third way: P rounded to bfloat16 once, one part (pv_medium). */
+#define ROUND_ONCE 2
+
 /* The three bfloat16 parts of the probabilities of 16 nqv queries (nqv = 1
  * or 2 tiles), in B's layout:
  *   parts[t][p][i] = part t of pt[2p][i] | part t of pt[2p+1][i] << 16
@@ -233,7 +257,8 @@ _Static_assert(PARTS *PART_FLOATS == ATTNX_PV_BF16_WORK(0),
  * 8 significant bits and the binade, so the difference is exact, and three
  * take all 24 bits. With nearest, the first two parts are rounded to nearest
  * instead (Veltkamp, as split_rows): still exact, and the second and third
- * parts are then half as large (what pv_split's dropped products need).
+ * parts are then half as large (what pv_split's dropped products need). With
+ * nearest = ROUND_ONCE, one part: P rounded to nearest even (pv_medium).
  * Two query tiles at a time, so that their parts (24 KiB)
  * stay in L1 while the tiles read them: splitting the whole tile at once
  * wrote 48 KiB, and took twice as long on the Xeon. pt: (nk, ldq)
@@ -248,6 +273,10 @@ static void split_probs(const float *pt, int64_t ldq, int nqv, int nk, int neare
             __m512 a = 2 * p < nk ? _mm512_loadu_ps(row) : _mm512_setzero_ps();
             __m512 b = 2 * p + 1 < nk ? _mm512_loadu_ps(row + ldq) : _mm512_setzero_ps();
             uint32_t *dst = parts + p * PART_LD + c * TILE;
+            if (nearest == ROUND_ONCE) { /* "medium": one part, P rounded */
+                _mm512_storeu_si512(dst, bf16_pairs_avx512(a, b));
+                continue;
+            }
             for (int t = 0; t < PARTS - 1; t++) {
                 const __m512i ta = nearest ? _mm512_castps_si512(high8(a))
                                            : _mm512_and_si512(_mm512_castps_si512(a), top);
@@ -315,7 +344,7 @@ static int transpose_values(const uint16_t *v, int64_t v_sl, int nk, int64_t Dv,
  * vt: (nv, 16 ndb, ldv) part b at vt + b·vpart  parts: (PARTS, PAIRS, PART_LD)
  * acct: (16 ndb, ldq) */
 static void pv_block(int ndb, int nqb, const uint16_t *vt, int64_t ldv, int64_t vpart, int nv,
-                     const uint32_t *parts, int steps, float *acct, int64_t ldq)
+                     int np, const uint32_t *parts, int steps, float *acct, int64_t ldq)
 {
     const int64_t a_stride = ldv * (int64_t)sizeof *vt;
     const int64_t b_stride = PART_LD * (int64_t)sizeof *parts;
@@ -323,7 +352,7 @@ static void pv_block(int ndb, int nqb, const uint16_t *vt, int64_t ldv, int64_t 
     for (int s = 0; s < steps; s++)
         for (int b = nv - 1; b >= 0; b--) { /* part b of the values, a of P */
             a_load(ndb, vt + b * vpart + s * TILE_DIMS, a_stride);
-            for (int a = PARTS - 1 - (nv > 1 ? b : 0); a >= 0; a--)
+            for (int a = np - 1 - (nv > 1 ? b : 0); a >= 0; a--)
                 b_multiply(ndb, nqb, parts + a * PART_FLOATS + s * TILE * PART_LD, b_stride);
         }
     c_store(ndb, nqb, acct, ldq);
@@ -334,7 +363,8 @@ static void pv_block(int ndb, int nqb, const uint16_t *vt, int64_t ldv, int64_t 
  * with three value parts, as pv_split's dropped products need).
  * pt: (nk, ldq)  vt: (nv, Dv, ldv)  parts: pv_bf16's work  acct: (Dv, ldq) */
 static void pv_tiles(const float *pt, int64_t ldq, int nqv, int nk, int64_t Dv, const uint16_t *vt,
-                     int64_t ldv, int64_t vpart, int nv, uint32_t *parts, float *acct)
+                     int64_t ldv, int64_t vpart, int nv, int round_once, uint32_t *parts,
+                     float *acct)
 {
     if (nk <= 0) return;
     const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
@@ -342,10 +372,10 @@ static void pv_tiles(const float *pt, int64_t ldq, int nqv, int nk, int64_t Dv, 
     tiles_take(&saved);
     for (int c = 0; c < nqv; c += 2) {
         const int nqb = nqv - c >= 2 ? 2 : 1;
-        split_probs(pt + c * TILE, ldq, nqb, nk, nv > 1, parts);
+        split_probs(pt + c * TILE, ldq, nqb, nk, round_once ? ROUND_ONCE : nv > 1, parts);
         for (int db = 0; db < ndt; db += 2)
-            pv_block(ndt - db >= 2 ? 2 : 1, nqb, vt + db * TILE * ldv, ldv, vpart, nv, parts, steps,
-                     acct + db * TILE * ldq + c * TILE, ldq);
+            pv_block(ndt - db >= 2 ? 2 : 1, nqb, vt + db * TILE * ldv, ldv, vpart, nv,
+                     round_once ? 1 : PARTS, parts, steps, acct + db * TILE * ldq + c * TILE, ldq);
     }
     tiles_give_back(&saved);
 }
@@ -368,8 +398,8 @@ static void pv_fmas(const float *pt, int64_t ldq, int nqv, const uint16_t *v, in
 }
 
 // pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)  work: ATTNX_PV_BF16_WORK(Dv)
-void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
-                       int nk, int64_t Dv, const float *alpha, float *acct, float *work)
+void AMX(attnx_pv_bf16)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                        int nk, int64_t Dv, const float *alpha, float *acct, float *work)
 {
     const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
     uint32_t *parts = (uint32_t *)work;
@@ -379,7 +409,25 @@ void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, 
     if (special)
         pv_fmas(pt, ldq, nqv, v, v_sl, nk, Dv, acct);
     else
-        pv_tiles(pt, ldq, nqv, nk, Dv, vt, ATTNX_BK, 0, 1, parts, acct);
+        pv_tiles(pt, ldq, nqv, nk, Dv, vt, ATTNX_BK, 0, 1, 0, parts, acct);
+}
+
+/* pv_bf16 with P rounded to bfloat16 once ("medium"): one tile product a
+ * block of values where pv_bf16 takes three; a tile holding an inf or NaN
+ * value takes the vdpbf16ps kernel (attnx_pv_medium_scalar's bits).
+ * pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)  work: ATTNX_PV_BF16_WORK(Dv) */
+void AMX(attnx_pv_medium)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                          int nk, int64_t Dv, const float *alpha, float *acct, float *work)
+{
+    const int nqv = (nq + TILE - 1) / TILE;
+    uint32_t *parts = (uint32_t *)work;
+    uint16_t *vt = (uint16_t *)(work + PARTS * PART_FLOATS);
+    if (transpose_values(v, v_sl, nk, Dv, vt)) {
+        attnx_pv_medium_avx512(pt, ldq, nq, v, v_sl, nk, Dv, alpha, acct, work);
+        return;
+    }
+    if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
+    pv_tiles(pt, ldq, nqv, nk, Dv, vt, ATTNX_BK, 0, 1, 1, parts, acct);
 }
 
 /* ---- float32 on tiles: split_rows, split_pairs, qk_split -------------------
@@ -408,8 +456,8 @@ static inline __m512i top_halves(__m512 a, __m512 b)
 }
 
 // x: (rows, n) rows x_sl apart  parts: (3, part) rows ldp apart
-int attnx_split_rows_amx(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
-                         int64_t part, int64_t ldp)
+int AMX(attnx_split_rows)(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
+                          int64_t part, int64_t ldp)
 {
     __mmask16 special = 0;
     for (int j = 0; j < ATTNX_ROUND16(rows); j++)
@@ -435,8 +483,8 @@ int attnx_split_rows_amx(const float *x, int64_t x_sl, int rows, int64_t n, uint
 }
 
 // xt: (n, ldx)  parts: (3, part) as (np/2, ldx) pairs
-int attnx_split_pairs_amx(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
-                          uint32_t *parts, int64_t part)
+int AMX(attnx_split_pairs)(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
+                           uint32_t *parts, int64_t part)
 {
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     __mmask16 special = 0;
@@ -481,8 +529,8 @@ static void split_block(int nkb, int nqb, const uint32_t *qp, int64_t ldq, const
 }
 
 // qp: (3, Dp/2, ldq) pairs  kp: (3, ., Dp) rows, part b at kp + b*kp_part  st: (round16(nk), ldq)
-void attnx_qk_split_amx(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
-                        int64_t kp_part, int nk, int64_t Dp, float *st)
+void AMX(attnx_qk_split)(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
+                         int64_t kp_part, int nk, int64_t Dp, float *st)
 {
     const int nkv = (nk + TILE - 1) / TILE, nqv = (nq + TILE - 1) / TILE;
     amx_config saved;
@@ -502,16 +550,16 @@ void attnx_qk_split_amx(const uint32_t *qp, int64_t ldq, int nq, const uint16_t 
 
 // pt: (nk, ldq)  vt: (3, Dv, ldv) parts, part stride vpart  acct: (Dv, ldq)  work:
 // ATTNX_PV_BF16_WORK(0)
-void attnx_pv_split_amx(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
-                        int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct,
-                        float *work)
+void AMX(attnx_pv_split)(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
+                         int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct,
+                         float *work)
 {
     const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
     if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
-    pv_tiles(pt, ldq, nqv, nk, Dv, vt, ldv, vpart, 3, (uint32_t *)work, acct);
+    pv_tiles(pt, ldq, nqv, nk, Dv, vt, ldv, vpart, 3, 0, (uint32_t *)work, acct);
 }
 
-#if defined(__clang__)
+#if defined(__clang__) && !defined(ATTNX_EMULATE_AVX512)
 #pragma clang attribute pop
 #endif
 

@@ -5,6 +5,9 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 
+#if defined(ATTNX_EMULATE_AVX512)
+#include "kernels/emulate_avx512.h" /* test builds: SIMDe's portable intrinsics */
+#else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma,f16c"))), \
                              apply_to = function)
@@ -12,6 +15,7 @@
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")
 #endif
 #include <immintrin.h>
+#endif
 
 #define W 16
 #define VF __m512
@@ -19,13 +23,9 @@
 #define SUFFIX(name) name##_avx512
 #define QK_BF16_TABLE attnx_kernels_avx512_bf16 /* with AVX512_BF16: + qk_bf16 */
 #define QK_BF16 attnx_qk_bf16_avx512
-#define QK_AMX_TABLE attnx_kernels_avx512_amx /* with AMX-BF16: + the tiles' qk_bf16, pv_bf16 */
-#define QK_AMX attnx_qk_bf16_amx
-#define PV_AMX attnx_pv_bf16_amx
-#define QK_SPLIT_AMX attnx_qk_split_amx /* and float32 on tiles */
-#define PV_SPLIT_AMX attnx_pv_split_amx
-#define SPLIT_ROWS_AMX attnx_split_rows_amx
-#define SPLIT_PAIRS_AMX attnx_split_pairs_amx
+#define PV_MEDIUM attnx_pv_medium_avx512
+#define QK_AMX_TABLE attnx_kernels_avx512_amx /* with AMX-BF16: + amx.c's tile kernels */
+#define QK_AMX_EMULATED_TABLE attnx_kernels_avx512_amx_emulated /* the same on the model */
 #define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */
 #define QK_NV 2
 #define PV_MR 6 /* 6 queries x 4 vectors: 24 accumulators */
@@ -155,7 +155,7 @@ static inline __m512 keep_bytes_avx512(__m512 x, const unsigned char *base, cons
 
 #include "kernels/kernels_simd.h"
 
-#if defined(__clang__)
+#if defined(__clang__) && !defined(ATTNX_EMULATE_AVX512)
 #pragma clang attribute pop
 #endif
 

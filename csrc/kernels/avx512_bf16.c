@@ -8,6 +8,9 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 
+#if defined(ATTNX_EMULATE_AVX512)
+#include "kernels/emulate_avx512.h" /* test builds: SIMDe's portable intrinsics */
+#else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16"))), \
                              apply_to = function)
@@ -15,6 +18,10 @@
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512bf16")
 #endif
 #include <immintrin.h>
+#define ATTNX_AS_BF16(x) ((__m512bh)(x)) /* 32-bit pairs as vdpbf16ps's operand */
+#endif
+
+#include "kernels/bf16_avx512.h"
 
 #define BF_W 16 /* float32 lanes (query pairs) a vector */
 #define BF_MR 8 /* keys x vectors of queries: 16 accumulators */
@@ -48,7 +55,7 @@ BF_INLINE void qk_bf16_block(const int MR, const int NV, const uint32_t *qt2, in
         for (int r = 0; r < MR; r++) {
             const __m512i kb = pair_bcast(k + r * k_sl + 2 * p);
             for (int c = 0; c < NV; c++)
-                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)qv[c], (__m512bh)kb);
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], ATTNX_AS_BF16(qv[c]), ATTNX_AS_BF16(kb));
         }
     }
     if (D & 1) { /* the last dim alone: its pair's upper half is 0 in both */
@@ -57,7 +64,7 @@ BF_INLINE void qk_bf16_block(const int MR, const int NV, const uint32_t *qt2, in
         for (int r = 0; r < MR; r++) {
             const __m512i kb = _mm512_set1_epi32((int)k[r * k_sl + D - 1]);
             for (int c = 0; c < NV; c++)
-                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)qv[c], (__m512bh)kb);
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], ATTNX_AS_BF16(qv[c]), ATTNX_AS_BF16(kb));
         }
     }
     const __m512 s = _mm512_set1_ps(scale);
@@ -94,7 +101,90 @@ void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16
     }
 }
 
-#if defined(__clang__)
+/* ---- P·V under precision "medium": pv_medium ------------------------------
+ * acct[d][i] (a dim a row, the queries in the lanes) takes the products of the
+ * probabilities rounded to bfloat16 and the bfloat16 values a pair of keys at
+ * a time: the probabilities of keys 2m and 2m+1 for 16 queries are one vector
+ * of pairs, and the values v[2m][d] | v[2m+1][d] << 16 one 32-bit word
+ * broadcast. Both are laid out once a call, in work:
+ *   pp (pairs, 16 nqv) the probabilities' pairs, from its start;
+ *   vp (pairs, Dv) the values' pairs, from PM_VALUES floats on
+ * (pairs = ceil(nk / 2); a missing odd key is 0 in both). */
+#define PM_R 4                              /* dims a register block */
+#define PM_NV 4                             /* vectors of queries, at most */
+#define PM_VALUES (3 * (ATTNX_BK / 2) * 32) /* where vp starts in work */
+_Static_assert(PM_VALUES + ATTNX_BK / 2 * 16 <= ATTNX_PV_BF16_WORK(16), "pv_medium's work fits");
+_Static_assert(ATTNX_BK / 2 * ATTNX_BQ <= PM_VALUES, "pp fits before vp");
+
+/* acct rows d0 .. d0+PM_R-1, NV vectors of queries: one vdpbf16ps a pair of
+ * keys, dim and vector. pp: (pairs, ldp)  vp: (pairs, Dv) from dim d0
+ * acct: (PM_R, ldq) */
+BF_INLINE void pv_medium_block(const int NV, const uint32_t *pp, int64_t ldp, const uint32_t *vp,
+                               int64_t Dv, int pairs, float *acct, int64_t ldq)
+{
+    __m512 acc[PM_R][PM_NV];
+    for (int r = 0; r < PM_R; r++)
+        for (int c = 0; c < NV; c++) acc[r][c] = _mm512_loadu_ps(acct + r * ldq + c * BF_W);
+    for (int m = 0; m < pairs; m++) {
+        __m512i pv[PM_NV];
+        for (int c = 0; c < NV; c++) pv[c] = _mm512_loadu_si512(pp + m * ldp + c * BF_W);
+        for (int r = 0; r < PM_R; r++) {
+            const __m512i vb = _mm512_set1_epi32((int)vp[m * Dv + r]);
+            for (int c = 0; c < NV; c++)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], ATTNX_AS_BF16(pv[c]), ATTNX_AS_BF16(vb));
+        }
+    }
+    for (int r = 0; r < PM_R; r++)
+        for (int c = 0; c < NV; c++) _mm512_storeu_ps(acct + r * ldq + c * BF_W, acc[r][c]);
+}
+
+// pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)  work: ATTNX_PV_BF16_WORK(Dv)
+// (nk <= ATTNX_BK, nq <= ATTNX_BQ, Dv % 16 == 0)
+void attnx_pv_medium_avx512(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                            int nk, int64_t Dv, const float *alpha, float *acct, float *work)
+{
+    const int nqv = (nq + BF_W - 1) / BF_W, pairs = (nk + 1) / 2;
+    const int64_t ldp = (int64_t)nqv * BF_W;
+    uint32_t *pp = (uint32_t *)work, *vp = (uint32_t *)(work + PM_VALUES);
+    for (int m = 0; m < pairs; m++) {
+        const int odd = 2 * m + 1 < nk;
+        for (int c = 0; c < nqv; c++) {
+            const float *row = pt + 2 * m * ldq + c * BF_W;
+            const __m512 b = odd ? _mm512_loadu_ps(row + ldq) : _mm512_setzero_ps();
+            _mm512_storeu_si512(pp + m * ldp + c * BF_W,
+                                bf16_pairs_avx512(_mm512_loadu_ps(row), b));
+        }
+        for (int64_t d = 0; d < Dv; d += 16) {
+            const uint16_t *ve = v + 2 * m * v_sl + d;
+            const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)ve));
+            const __m512i b =
+                odd ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(ve + v_sl)))
+                    : _mm512_setzero_si512();
+            _mm512_storeu_si512(vp + m * Dv + d, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+        }
+    }
+    if (alpha)
+        for (int64_t d = 0; d < Dv; d++)
+            for (int c = 0; c < nqv; c++) {
+                float *a = acct + d * ldq + c * BF_W;
+                _mm512_storeu_ps(
+                    a, _mm512_mul_ps(_mm512_loadu_ps(alpha + c * BF_W), _mm512_loadu_ps(a)));
+            }
+    for (int64_t d0 = 0; d0 < Dv; d0 += PM_R)
+        for (int c0 = 0; c0 < nqv; c0 += PM_NV) {
+            const int nv = nqv - c0 < PM_NV ? nqv - c0 : PM_NV;
+            const uint32_t *pc = pp + c0 * BF_W;
+            float *ac = acct + d0 * ldq + c0 * BF_W;
+            switch (nv) {
+            case 1: pv_medium_block(1, pc, ldp, vp + d0, Dv, pairs, ac, ldq); break;
+            case 2: pv_medium_block(2, pc, ldp, vp + d0, Dv, pairs, ac, ldq); break;
+            case 3: pv_medium_block(3, pc, ldp, vp + d0, Dv, pairs, ac, ldq); break;
+            default: pv_medium_block(4, pc, ldp, vp + d0, Dv, pairs, ac, ldq); break;
+            }
+        }
+}
+
+#if defined(__clang__) && !defined(ATTNX_EMULATE_AVX512)
 #pragma clang attribute pop
 #endif
 

@@ -41,10 +41,19 @@ static int cpu_has_avx2(void)
     return (b >> 5) & 1; /* AVX2 */
 }
 
+/* The test build whose AVX-512 kernels run on SIMDe (emulate_avx512.h) has
+ * AVX-512 and AVX512_BF16 on any CPU with AVX2, and never real tiles. */
+#ifdef ATTNX_EMULATE_AVX512
+#define EMULATED(answer) return (answer)
+#else
+#define EMULATED(answer) (void)0
+#endif
+
 static int cpu_has_avx512(void)
 {
     unsigned int a, b, c, d;
     if (!cpu_has_avx2()) return 0;
+    EMULATED(1);
     if ((xgetbv0() & 0xe6) != 0xe6) return 0; /* and opmask, ZMM state */
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     const int f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
@@ -56,6 +65,7 @@ static int cpu_has_avx512_bf16(void)
 {
     unsigned int a, b, c, d;
     if (!cpu_has_avx512()) return 0;
+    EMULATED(1);
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return 0; /* no leaf 7.1 */
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a >> 5) & 1;
@@ -71,6 +81,7 @@ static int cpu_has_amx_bf16(void)
 {
     unsigned int a, b, c, d;
     if (!cpu_has_avx512_bf16()) return 0;
+    EMULATED(0);
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     if (!((d >> 22) & 1) || !((d >> 24) & 1)) return 0;
     if ((xgetbv0() & 0x60000) != 0x60000) return 0;
@@ -100,6 +111,12 @@ static const attnx_dots avx512_dots[] = {
      .supported = cpu_has_avx512_bf16,
      .kernels = &attnx_kernels_avx512_bf16,
      .same_bits = 1},
+    /* amx.c on the tile unit's model (tile_model.h): for tests, when asked */
+    {.name = "amx_emulated",
+     .supported = cpu_has_avx512_bf16,
+     .kernels = &attnx_kernels_avx512_amx_emulated,
+     .same_bits = 0,
+     .asked_only = 1},
     {.name = NULL, .supported = NULL, .kernels = NULL, .same_bits = 0},
 };
 #endif
@@ -148,7 +165,7 @@ static int pick_dots(const attnx_dots *dots)
     for (; dots[n].name; n++) {
         if (!dots[n].supported()) continue;
         if (want && strcmp(want, dots[n].name) == 0) return n;
-        if (best < 0) best = n;
+        if (best < 0 && !dots[n].asked_only) best = n;
     }
     if (want && strcmp(want, "none") == 0) return n;
     return best < 0 ? n : best;

@@ -218,6 +218,20 @@ typedef struct attnx_kernels {
     void (*pv_bf16)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
                     int64_t Dv, const float *alpha, float *acct, float *work);
 
+    /* P·V under precision "medium" (attnx.h), for the bfloat16 dot path,
+     * as pv_bf16 into the transposed accumulator but with each probability
+     * rounded to bfloat16 (to nearest, ties to even) and the products taken
+     * as vdpbf16ps takes them, a pair of keys at a time (a missing odd key
+     * counts as p = 0, v = 0): attnx_pv_medium_scalar below, bit for bit with
+     * vdpbf16ps (AVX512_BF16), within float32 rounding of the sum on AMX's
+     * tiles (one tile product a pair of keys where pv_bf16 takes three). A
+     * tile holding an inf or NaN value takes the vdpbf16ps kernel there.
+     * NULL in every table but those with bfloat16 dot products.
+     * pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)
+     * work: ATTNX_PV_BF16_WORK(Dv) floats, 64-byte aligned; Dv % 16 == 0 */
+    void (*pv_medium)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
+                      int64_t Dv, const float *alpha, float *acct, float *work);
+
     /* Float32 scores on AMX tiles (NULL except with AMX): every float32
      * value x is split exactly into three bfloat16 parts, x = x1 + x2 + x3
      * (split_rows, split_pairs below), and of the nine products of parts
@@ -311,21 +325,32 @@ extern const attnx_kernels attnx_kernels_avx2;
 extern const attnx_kernels attnx_kernels_avx512;
 extern const attnx_kernels attnx_kernels_avx512_bf16;
 extern const attnx_kernels attnx_kernels_avx512_amx;
-void attnx_qk_bf16_amx(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
-                       int nk, int64_t D, float scale, float *st);
-void attnx_pv_bf16_amx(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
-                       int nk, int64_t Dv, const float *alpha, float *acct, float *work);
-void attnx_qk_split_amx(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,
-                        int64_t kp_part, int nk, int64_t Dp, float *st);
-void attnx_pv_split_amx(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv,
-                        int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct,
-                        float *work);
-int attnx_split_rows_amx(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,
-                         int64_t part, int64_t ldp);
-int attnx_split_pairs_amx(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,
-                          uint32_t *parts, int64_t part);
+extern const attnx_kernels attnx_kernels_avx512_amx_emulated;
+/* amx.c's kernels, on the tiles (s = amx) and on the tile unit's model
+ * (s = amx_emulated: amx_emulated.c, tile_model.h) */
+#define ATTNX_AMX_KERNELS(s)                                                                       \
+    void attnx_qk_bf16_##s(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k,            \
+                           int64_t k_sl, int nk, int64_t D, float scale, float *st);               \
+    void attnx_pv_bf16_##s(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,  \
+                           int nk, int64_t Dv, const float *alpha, float *acct, float *work);      \
+    void attnx_qk_split_##s(const uint32_t *qp, int64_t ldq, int nq, const uint16_t *kp,           \
+                            int64_t kp_part, int nk, int64_t Dp, float *st);                       \
+    void attnx_pv_split_##s(const float *pt, int64_t ldq, int nq, const uint16_t *vt, int64_t ldv, \
+                            int64_t vpart, int nk, int64_t Dv, const float *alpha, float *acct,    \
+                            float *work);                                                          \
+    int attnx_split_rows_##s(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *parts,   \
+                             int64_t part, int64_t ldp);                                           \
+    int attnx_split_pairs_##s(const float *xt, int64_t ldx, int nx, int64_t n, int64_t np,         \
+                              uint32_t *parts, int64_t part);                                      \
+    void attnx_pv_medium_##s(const float *pt, int64_t ldq, int nq, const uint16_t *v,              \
+                             int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acct,    \
+                             float *work);
+ATTNX_AMX_KERNELS(amx)
+ATTNX_AMX_KERNELS(amx_emulated)
 void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st);
+void attnx_pv_medium_avx512(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
+                            int nk, int64_t Dv, const float *alpha, float *acct, float *work);
 #endif
 
 /* pv_bf16's working memory, in floats: the three parts of P of 32 queries
@@ -369,7 +394,8 @@ void attnx_pv_split_scalar(const float *pt, int64_t ldq, int nq, const uint16_t 
  * rounds Q and K once). attnx_pv_medium_scalar: P·V with each probability
  * rounded to bfloat16, the products as vdpbf16ps takes pairs along the keys
  * (the odd key of a pair first, bfloat16 subnormals read as 0, subnormal
- * results flushed), from alpha[i] * acct[d][i] (alpha NULL: acct[d][i]):
+ * results flushed; past the last key of an odd nk, p = v = 0), from
+ * alpha[i] * acct[d][i] (alpha NULL: acct[d][i]):
  *   acc = dp(bf16(pt[2m+1][i]), v[2m+1][d], acc); acc = dp(bf16(pt[2m][i]), v[2m][d], acc)
  * pt: (nk, ldq)  v: (nk, Dv) bf16 rows v_sl apart  acct: (Dv, ldq)
  * q: (nq, D) rows q_sl apart  qt2: (ceil(D/2), ldq) pairs */
@@ -391,12 +417,14 @@ extern const attnx_kernels attnx_kernels_neon;
  * attnx_bf16_dots() reports it and ATTNX_BF16_DOTS asks for it), whether
  * this CPU and OS have it, the instruction set's table with it, and whether
  * its qk_bf16 gives attnx_qk_bf16_scalar's bits (1) or matches it within
- * float32 rounding of the sum (0: AMX). */
+ * float32 rounding of the sum (0: AMX); asked_only: used only when
+ * ATTNX_BF16_DOTS names it, never as the best (the tile unit's model). */
 typedef struct {
     const char *name;
     int (*supported)(void);
     const attnx_kernels *kernels;
     int same_bits;
+    int asked_only;
 } attnx_dots;
 
 /* An instruction set the core knows (dispatch.c holds the one list, in the

@@ -878,7 +878,7 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
 }
 
 /* The table, and where the includer names them (QK_BF16_TABLE, QK_BF16; and
- * QK_AMX_TABLE, QK_AMX, PV_AMX) the same kernels with a qk_bf16 (and a
+ * QK_AMX_TABLE, QK_AMX_EMULATED_TABLE) the same kernels with a qk_bf16 (and a
  * pv_bf16) too (avx512.c: the kernels are in avx512_bf16.c and amx.c). */
 // clang-format off
 #define SIMD_ENTRIES                                  \
@@ -910,14 +910,15 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
 
 const attnx_kernels SUFFIX(attnx_kernels) = {SIMD_ENTRIES};
 #ifdef QK_BF16_TABLE
-const attnx_kernels QK_BF16_TABLE = {SIMD_ENTRIES, .qk_bf16 = QK_BF16, .pv_half_tiles = 1};
+const attnx_kernels QK_BF16_TABLE = {SIMD_ENTRIES, .qk_bf16 = QK_BF16, .pv_medium = PV_MEDIUM,
+                                     .pv_half_tiles = 1};
 #endif
 #ifdef QK_AMX_TABLE
-const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES,
-                                    .qk_bf16 = QK_AMX,
-                                    .pv_bf16 = PV_AMX,
-                                    .qk_split = QK_SPLIT_AMX,
-                                    .pv_split = PV_SPLIT_AMX,
-                                    .split_rows = SPLIT_ROWS_AMX,
-                                    .split_pairs = SPLIT_PAIRS_AMX};
+/* amx.c's kernels, named *_amx, and on the tile unit's model *_amx_emulated */
+#define AMX_ENTRIES(s)                                                                          \
+    .qk_bf16 = attnx_qk_bf16_##s, .pv_bf16 = attnx_pv_bf16_##s, .qk_split = attnx_qk_split_##s, \
+    .pv_split = attnx_pv_split_##s, .split_rows = attnx_split_rows_##s,                         \
+    .split_pairs = attnx_split_pairs_##s, .pv_medium = attnx_pv_medium_##s
+const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES, AMX_ENTRIES(amx)};
+const attnx_kernels QK_AMX_EMULATED_TABLE = {SIMD_ENTRIES, AMX_ENTRIES(amx_emulated)};
 #endif

@@ -341,10 +341,9 @@ void attnx_pv_medium_scalar(const float *pt, int64_t ldq, int nq, const uint16_t
     for (int64_t d = 0; d < Dv; d++)
         for (int i = 0; i < nq; i++) {
             float acc = alpha ? alpha[i] * acct[d * ldq + i] : acct[d * ldq + i];
-            for (int j = 0; j < nk; j += 2) { /* a pair of keys, the odd one first */
-                if (j + 1 < nk)
-                    acc =
-                        dp_fma(attnx_bf16_round(pt[(j + 1) * ldq + i]), v[(j + 1) * v_sl + d], acc);
+            for (int j = 0; j < nk; j += 2) { /* a pair of keys, the odd one first (0 past nk) */
+                const uint16_t p_odd = j + 1 < nk ? attnx_bf16_round(pt[(j + 1) * ldq + i]) : 0;
+                acc = dp_fma(p_odd, j + 1 < nk ? v[(j + 1) * v_sl + d] : 0, acc);
                 acc = dp_fma(attnx_bf16_round(pt[j * ldq + i]), v[j * v_sl + d], acc);
             }
             acct[d * ldq + i] = acc;

@@ -67,12 +67,19 @@ static struct PyModuleDef moduledef = {
  * (kernels.h), so a weight exp(s - max) of a score further than this below
  * its row's maximum is 0 (attnx.reference flushes the same weights); the
  * instruction sets the build knows; the most threads a call uses; the causal
- * codes forward() and backward() take. */
+ * codes forward() and backward() take; EMULATED_AVX512 1 in the test build
+ * whose AVX-512 kernels run on SIMDe (tools/emulate.sh), else 0. */
+#ifdef ATTNX_EMULATE_AVX512
+#define EMULATED_AVX512 1
+#else
+#define EMULATED_AVX512 0
+#endif
 static int add_constants(PyObject *m)
 {
     return PyModule_AddObject(m, "EXP_FLUSH_BELOW", PyFloat_FromDouble(ATTNX_EXP_LO)) < 0 ||
                    PyModule_AddObject(m, "ISA_NAMES", isa_names()) < 0 ||
                    PyModule_AddIntConstant(m, "MAX_THREADS", ATTNX_MAX_THREADS) < 0 ||
+                   PyModule_AddIntConstant(m, "EMULATED_AVX512", EMULATED_AVX512) < 0 ||
                    PyModule_AddIntConstant(m, "MAP_ROWS", ATTNX_MAP_ROWS) < 0 ||
                    PyModule_AddIntConstant(m, "MAP_KEYS", ATTNX_MAP_KEYS) < 0 ||
                    PyModule_AddIntConstant(m, "MAP_KEEP", ATTNX_MAP_KEEP) < 0 ||

@@ -4,16 +4,21 @@
 # test_kernels: each instruction set's kernels against the scalar ones;
 # test_forward: attnx_forward on [cases] random problems (default 300)
 # against a naive attention. The core's sources come from csrc/sources.txt,
-# built with ATTNX_TEST_HOOKS (scratch.c: a buffer made unavailable).
+# built with ATTNX_TEST_HOOKS (scratch.c: a buffer made unavailable), once
+# for both tests, a source a core at a time; CFLAGS and LDFLAGS are added
+# (tools/emulate.sh: the AVX-512 kernels on SIMDe).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cc=${1:-cc}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-mapfile -t core < <(grep -v '^#' "$here/csrc/sources.txt" | sed "s|^|$here/csrc/|")
+flags=(-std=c11 -O2 -Wall -Wextra -Wno-unused-parameter -DATTNX_TEST_HOOKS ${CFLAGS:-} -I"$here/csrc")
+export cc out here
+export flags_line="${flags[*]}"
+grep -v '^#' "$here/csrc/sources.txt" | xargs -P "$(nproc)" -I{} sh -c \
+    'o="$out/$(echo "{}" | tr / _).o"; $cc $flags_line -c "$here/csrc/{}" -o "$o"'
 for t in test_kernels test_forward; do
-    $cc -std=c11 -O2 -Wall -Wextra -Wno-unused-parameter -DATTNX_TEST_HOOKS ${CFLAGS:-} -I"$here/csrc" \
-        "${core[@]}" "$here/tests/c/$t.c" -o "$out/$t" -lm -lpthread ${LDFLAGS:-}
+    $cc "${flags[@]}" "$out"/*.o "$here/tests/c/$t.c" -o "$out/$t" -lm -lpthread ${LDFLAGS:-}
 done
 ${3:-} "$out/test_kernels"
 ${3:-} "$out/test_forward" "${2:-300}"

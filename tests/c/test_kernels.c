@@ -1071,7 +1071,7 @@ static void test_medium_reference(void)
  * 2: subnormal values among ordinary ones. acct: (Dv + 1, LDQ), the last
  * row and the lanes past round16(nq) guards. */
 static void pv_bf16_case(const attnx_kernels *kt, int nq, int nk, int Dv, int64_t v_sl, int kind,
-                         int with_alpha)
+                         int with_alpha, int medium, int same_bits)
 {
     const size_t nv = (size_t)((nk ? nk - 1 : 0) * v_sl + Dv);
     float *pt = malloc(sizeof(float) * (size_t)(nk ? nk : 1) * LDQ), alpha[LDQ];
@@ -1091,27 +1091,32 @@ static void pv_bf16_case(const attnx_kernels *kt, int nq, int nk, int Dv, int64_
             init[d * LDQ + i] = acct[d * LDQ + i] = ref[d * LDQ + i] = nrand();
     for (int i = 0; i < LDQ; i++) alpha[i] = (float)urand();
     const float *al = with_alpha ? alpha : NULL;
-    kt->pv_bf16(pt, LDQ, nq, v, v_sl, nk, Dv, al, acct, work);
-    attnx_pv_bf16_scalar(pt, LDQ, nq, v, v_sl, nk, Dv, al, ref);
+    (medium ? kt->pv_medium : kt->pv_bf16)(pt, LDQ, nq, v, v_sl, nk, Dv, al, acct, work);
+    (medium ? attnx_pv_medium_scalar : attnx_pv_bf16_scalar)(pt, LDQ, nq, v, v_sl, nk, Dv, al, ref);
     cur.cases++;
     for (int d = 0; d < Dv; d++)
         for (int i = 0; i < nq; i++) {
             const float got = acct[d * LDQ + i], want = ref[d * LDQ + i];
-            if (special) { /* the FMAs, key by key: the reference's bits */
-                expect_same(got, want, "acct (inf or NaN values)", d, i);
+            if (special || same_bits) { /* vdpbf16ps, or FMAs key by key: the reference's bits */
+                expect_same(got, want, special ? "acct (inf or NaN values)" : "acct", d, i);
                 continue;
             }
             const float a = al ? al[i] * init[d * LDQ + i] : init[d * LDQ + i];
             double sum = a, mag = fabs(a), vmax = 0.0;
             for (int j = 0; j < nk; j++) {
-                const double x = bf16_value(v[j * v_sl + d]), t = pt[j * LDQ + i] * x;
+                /* "medium": P rounded to bfloat16, read as 0 below 2^-126 */
+                const float pr = bf16_value(attnx_bf16_round(pt[j * LDQ + i]));
+                const double p = !medium ? pt[j * LDQ + i] : fabsf(pr) < 0x1p-126f ? 0.0 : pr;
+                const double x = bf16_value(v[j * v_sl + d]), t = p * x;
                 sum += t;
                 mag += fabs(t);
                 vmax = fabs(x) > vmax ? fabs(x) : vmax;
             }
             /* the reference: nk FMAs; the tiles: 3 nk products, their parts,
              * values and sums flushed below 2^-126 */
-            expect_within(want, (float)sum, (nk + 2) * 0x1p-23 * mag + 0x1p-149, "reference", d, i);
+            expect_within(want, (float)sum,
+                          (nk + 2) * 0x1p-23 * mag + (medium ? (nk + 2) * 0x1p-125 : 0x1p-149),
+                          "reference", d, i);
             expect_within(got, (float)sum,
                           (3 * nk + 2) * 0x1p-23 * mag + (4.0 * nk + 2) * 0x1p-125 * (1 + vmax),
                           "acct", d, i);
@@ -1124,26 +1129,29 @@ static void pv_bf16_case(const attnx_kernels *kt, int nq, int nk, int Dv, int64_
     free(pt), free(v), free(acct), free(ref), free(init), free(work);
 }
 
-/* Every pv_bf16 of an instruction set's bfloat16 dot products that this CPU
- * has: 1 and 2 tiles of dims and queries, keys 1 .. BK (whole and partial rows
- * of 32 keys), with and without the rescale. */
-static void test_pv_bf16(const char *isa)
+/* Every pv_bf16 (medium 0) or pv_medium (1) of an instruction set's
+ * bfloat16 dot products that this CPU has: 1 and 2 tiles of dims and
+ * queries, keys 1 .. BK (whole and partial rows of 32 keys, odd counts), with
+ * and without the rescale; pv_medium bit for bit where the dot products give
+ * the reference's bits (vdpbf16ps), else within the summation bound. */
+static void test_pv_bf16(const char *isa, int medium)
 {
     static const int dims[] = {16, 32, 48, 64, 80, 128};
     static const int keys[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 100, 127, 128};
     const attnx_isa *row = isa_row(isa);
     for (const attnx_dots *dots = row && row->dots ? row->dots : NULL; dots && dots->name; dots++) {
-        if (!dots->kernels->pv_bf16 || !dots->supported()) continue;
+        if (!(medium ? dots->kernels->pv_medium : dots->kernels->pv_bf16) || !dots->supported())
+            continue;
         char what[64];
-        snprintf(what, sizeof what, "pv_bf16 %s", dots->name);
-        begin(isa, what, "summation");
+        snprintf(what, sizeof what, "%s %s", medium ? "pv_medium" : "pv_bf16", dots->name);
+        begin(isa, what, medium && dots->same_bits ? "identical" : "summation");
         for (int kind = 0; kind < 3; kind++)
             for (int a = 0; a < SMAX + NWIDE; a++)
                 for (int x = 0; x < 6; x++)
                     for (int y = 0; y < 14; y += 1 + (a + x) % 3) {
                         const int nq = size_at(a) > LDQ ? LDQ : size_at(a), Dv = dims[x];
                         pv_bf16_case(dots->kernels, nq, keys[y], Dv, (a + y) % 2 ? Dv : Dv + 5,
-                                     kind, (a + x + y) % 3 != 0);
+                                     kind, (a + x + y) % 3 != 0, medium, medium && dots->same_bits);
                     }
         end();
     }
@@ -1579,7 +1587,8 @@ int main(void)
         test_half(isa, kt, ATTNX_HALF_BF16);
         test_i8(isa, kt);
         test_qk_bf16(isa);
-        test_pv_bf16(isa);
+        test_pv_bf16(isa, 0);
+        test_pv_bf16(isa, 1);
         test_split(isa);
         test_fma_burn(isa, kt);
     }
