@@ -53,20 +53,24 @@ t0=$SECONDS
     >"$work/build.log" 2>&1) || { cat "$work/build.log"; echo "emulate: build failed" >&2; exit 1; }
 echo "   built in $((SECONDS - t0)) s"
 
+run() {   # run DOTS COMMAND...: in the emulated tree, AVX-512 with those dot products
+    local dots=$1
+    shift
+    (cd "$tree" && env ATTNX_ISA=avx512 ATTNX_BF16_DOTS="$dots" PYTHONPATH="$tree" \
+        PYTHONDONTWRITEBYTECODE=1 "$@")
+}
 for dots in ${ATTNX_EMULATE_DOTS:-avx512_bf16 amx_emulated}; do
     echo "== pytest with ATTNX_ISA=avx512 ATTNX_BF16_DOTS=$dots (emulated)"
     t0=$SECONDS
-    run() { (cd "$tree" && env ATTNX_ISA=avx512 ATTNX_BF16_DOTS="$dots" PYTHONPATH="$tree" \
-        PYTHONDONTWRITEBYTECODE=1 "$@"); }
     # the emulated build, with the kernels asked for, is what the tests import
-    run python -c "
+    run "$dots" python -c "
 import attnx, sys
 assert attnx._attnx.__file__.startswith(sys.argv[1]), attnx._attnx.__file__
 got = (attnx.isa(), attnx._attnx.bf16_dots())
 assert got == ('avx512', sys.argv[2]), got
 " "$tree" "$dots"
     # shellcheck disable=SC2086
-    run python -m pytest -q -p no:cacheprovider -x \
+    run "$dots" python -m pytest -q -p no:cacheprovider -x \
         ${ATTNX_EMULATE_TESTS:-tests/test_precision.py tests/test_bfloat16.py}
     echo "   $((SECONDS - t0)) s"
 done

@@ -170,17 +170,6 @@ static inline void b_multiply(int nr, int nc, const void *b, int64_t stride)
     }
 }
 
-/* acct[d][i] *= alpha[i] for d < Dv, i < 16 nqv: the first step of P·V. */
-static void rescale(const float *alpha, float *acct, int64_t ldq, int64_t Dv, int nqv)
-{
-    for (int64_t d = 0; d < Dv; d++)
-        for (int c = 0; c < nqv; c++) {
-            float *a = acct + d * ldq + c * TILE;
-            _mm512_storeu_ps(a,
-                             _mm512_mul_ps(_mm512_loadu_ps(alpha + c * TILE), _mm512_loadu_ps(a)));
-        }
-}
-
 /* Scores of (16 * nkb) keys x (16 * nqb) queries, nkb, nqb in {1, 2}, over
  * D (a multiple of 32) dims: C[kb][qb] in tile 2 kb + qb.
  * qt2: (D/2, ldq) pairs  k: (16 nkb, D) rows k_sl apart  st: (16 nkb, ldq) */
@@ -405,7 +394,7 @@ void AMX(attnx_pv_bf16)(const float *pt, int64_t ldq, int nq, const uint16_t *v,
     uint32_t *parts = (uint32_t *)work;
     uint16_t *vt = (uint16_t *)(work + PARTS * PART_FLOATS);
     const int special = transpose_values(v, v_sl, nk, Dv, vt);
-    if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
+    if (alpha) acct_rescale_avx512(alpha, acct, ldq, Dv, nqv);
     if (special)
         pv_fmas(pt, ldq, nqv, v, v_sl, nk, Dv, acct);
     else
@@ -426,7 +415,7 @@ void AMX(attnx_pv_medium)(const float *pt, int64_t ldq, int nq, const uint16_t *
         attnx_pv_medium_avx512(pt, ldq, nq, v, v_sl, nk, Dv, alpha, acct, work);
         return;
     }
-    if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
+    if (alpha) acct_rescale_avx512(alpha, acct, ldq, Dv, nqv);
     pv_tiles(pt, ldq, nqv, nk, Dv, vt, ATTNX_BK, 0, 1, 1, parts, acct);
 }
 
@@ -555,7 +544,7 @@ void AMX(attnx_pv_split)(const float *pt, int64_t ldq, int nq, const uint16_t *v
                          float *work)
 {
     const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
-    if (alpha) rescale(alpha, acct, ldq, Dv, nqv);
+    if (alpha) acct_rescale_avx512(alpha, acct, ldq, Dv, nqv);
     pv_tiles(pt, ldq, nqv, nk, Dv, vt, ldv, vpart, 3, 0, (uint32_t *)work, acct);
 }
 

@@ -163,13 +163,7 @@ void attnx_pv_medium_avx512(const float *pt, int64_t ldq, int nq, const uint16_t
             _mm512_storeu_si512(vp + m * Dv + d, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
         }
     }
-    if (alpha)
-        for (int64_t d = 0; d < Dv; d++)
-            for (int c = 0; c < nqv; c++) {
-                float *a = acct + d * ldq + c * BF_W;
-                _mm512_storeu_ps(
-                    a, _mm512_mul_ps(_mm512_loadu_ps(alpha + c * BF_W), _mm512_loadu_ps(a)));
-            }
+    if (alpha) acct_rescale_avx512(alpha, acct, ldq, Dv, nqv);
     for (int64_t d0 = 0; d0 < Dv; d0 += PM_R)
         for (int c0 = 0; c0 < nqv; c0 += PM_NV) {
             const int nv = nqv - c0 < PM_NV ? nqv - c0 : PM_NV;

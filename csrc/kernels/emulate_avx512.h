@@ -1,5 +1,5 @@
-/* Test builds only (ATTNX_EMULATE_AVX512 defined: tests/c/run.sh with
- * tools/emulate.sh's flags, or setup.py with ATTNX_EMULATE_AVX512=<dir>):
+/* Test builds only (ATTNX_EMULATE_AVX512 defined: tools/emulate.sh, through
+ * tests/c/run.sh's CFLAGS and setup.py's ATTNX_EXTRA_CFLAGS):
  * the AVX-512 kernel files (avx512.c, avx512_bf16.c, amx.c) are compiled
  * against SIMDe's portable AVX-512 intrinsics (the headers of the simde-py
  * package, in the [test] extra) instead of the compiler's, so that their code
@@ -25,18 +25,7 @@
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 
-/* One product of a VDPBF16PS lane: bfloat16 subnormals read as 0, the sum
- * rounded once and flushed to 0 of its sign when subnormal. */
-static inline float attnx_emu_dp(uint16_t a, uint16_t b, float acc)
-{
-    const uint32_t ua = (a & 0x7f80u) ? (uint32_t)a << 16 : (uint32_t)(a & 0x8000u) << 16;
-    const uint32_t ub = (b & 0x7f80u) ? (uint32_t)b << 16 : (uint32_t)(b & 0x8000u) << 16;
-    float fa, fb;
-    memcpy(&fa, &ua, sizeof fa);
-    memcpy(&fb, &ub, sizeof fb);
-    const float r = fmaf(fa, fb, acc);
-    return fabsf(r) < 0x1p-126f ? copysignf(0.0f, r) : r;
-}
+#include "kernels/kernels.h" /* attnx_dp_fma: one FMA of a VDPBF16PS lane */
 
 static inline __m512 attnx_emu_dpbf16_ps(__m512 src, __m512i a, __m512i b)
 {
@@ -46,8 +35,8 @@ static inline __m512 attnx_emu_dpbf16_ps(__m512 src, __m512i a, __m512i b)
     _mm512_storeu_si512(x, a);
     _mm512_storeu_si512(y, b);
     for (int i = 0; i < 16; i++) {
-        acc[i] = attnx_emu_dp(x[2 * i + 1], y[2 * i + 1], acc[i]); /* the odd pair first */
-        acc[i] = attnx_emu_dp(x[2 * i], y[2 * i], acc[i]);
+        acc[i] = attnx_dp_fma(x[2 * i + 1], y[2 * i + 1], acc[i]); /* the odd pair first */
+        acc[i] = attnx_dp_fma(x[2 * i], y[2 * i], acc[i]);
     }
     return _mm512_loadu_ps(acc);
 }
@@ -100,27 +89,20 @@ static inline __m512 attnx_emu_fmadd_ps(__m512 a, __m512 b, __m512 c)
 #ifndef _MM_FROUND_NO_EXC
 #define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
 #endif
-#ifndef _mm512_cvtepi8_epi32
-#define _mm512_cvtepi8_epi32(x) attnx_emu_cvtepi8_epi32(x)
-static inline __m512i attnx_emu_cvtepi8_epi32(__m128i x)
-{
-    int8_t b[16];
-    int32_t w[16];
-    _mm_storeu_si128((__m128i *)b, x);
-    for (int i = 0; i < 16; i++) w[i] = b[i];
-    return _mm512_loadu_si512(w);
-}
-#endif
-#ifndef _mm512_cvtepu8_epi32
-#define _mm512_cvtepu8_epi32(x) attnx_emu_cvtepu8_epi32(x)
-static inline __m512i attnx_emu_cvtepu8_epi32(__m128i x)
+/* 16 bytes widened to 32-bit lanes, sign-extended (is_signed) or not */
+static inline __m512i attnx_emu_cvt8_epi32(__m128i x, int is_signed)
 {
     uint8_t b[16];
     int32_t w[16];
     _mm_storeu_si128((__m128i *)b, x);
-    for (int i = 0; i < 16; i++) w[i] = b[i];
+    for (int i = 0; i < 16; i++) w[i] = is_signed ? (int32_t)(int8_t)b[i] : (int32_t)b[i];
     return _mm512_loadu_si512(w);
 }
+#ifndef _mm512_cvtepi8_epi32
+#define _mm512_cvtepi8_epi32(x) attnx_emu_cvt8_epi32(x, 1)
+#endif
+#ifndef _mm512_cvtepu8_epi32
+#define _mm512_cvtepu8_epi32(x) attnx_emu_cvt8_epi32(x, 0)
 #endif
 #ifndef _mm512_i32gather_epi32
 #define _mm512_i32gather_epi32(idx, base, scale) attnx_emu_i32gather_epi32(idx, base, scale)

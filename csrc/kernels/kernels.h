@@ -544,6 +544,23 @@ static inline float attnx_bf16_to_float(uint16_t h)
     return f;
 }
 
+/* A bfloat16 value as the bfloat16 dot products read it (vdpbf16ps, the
+ * tiles): a subnormal is 0 of its sign. */
+static inline float attnx_bf16_daz(uint16_t h)
+{
+    return attnx_bf16_to_float((h & 0x7f80u) == 0 ? (uint16_t)(h & 0x8000u) : h);
+}
+
+/* A float32 result as they write it: a subnormal flushed to 0 of its sign. */
+static inline float attnx_ftz(float x) { return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x; }
+
+/* One FMA of vdpbf16ps (the reference's, the emulation's): the product of
+ * a and b read as above, added to acc rounded to nearest even, flushed. */
+static inline float attnx_dp_fma(uint16_t a, uint16_t b, float acc)
+{
+    return attnx_ftz(fmaf(attnx_bf16_daz(a), attnx_bf16_daz(b), acc));
+}
+
 /* A 16-bit value of format fmt (attnx_half_format) as float. */
 static inline float attnx_half16_to_float(int fmt, uint16_t h)
 {

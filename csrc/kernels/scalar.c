@@ -153,21 +153,6 @@ int attnx_pack_qt_bf16(const float *q, int64_t q_sl, int nq, int64_t D, uint32_t
     return low == 0;
 }
 
-/* A bfloat16 value as vdpbf16ps reads it: a subnormal is 0 (of its sign). */
-static float bf16_daz(uint16_t h)
-{
-    return (h & 0x7f80u) == 0 ? attnx_bf16_to_float((uint16_t)(h & 0x8000u))
-                              : attnx_bf16_to_float(h);
-}
-
-/* One FMA of vdpbf16ps: rounded to nearest even (the default mode), then a
- * subnormal result flushed to 0 of its sign. */
-static float dp_fma(uint16_t a, uint16_t b, float acc)
-{
-    const float r = fmaf(bf16_daz(a), bf16_daz(b), acc);
-    return fabsf(r) < 0x1p-126f ? copysignf(0.0f, r) : r;
-}
-
 // qt2: (ceil(D/2), ldq) pairs  k: (nk, D) bf16 rows k_sl apart  st: (nk, ldq)
 void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st)
@@ -179,8 +164,8 @@ void attnx_qk_bf16_scalar(const uint32_t *qt2, int64_t ldq, int nq, const uint16
             for (int64_t p = 0; 2 * p < D; p++) {
                 const uint32_t qp = qt2[p * ldq + i];
                 const uint16_t k_odd = 2 * p + 1 < D ? kj[2 * p + 1] : 0;
-                acc = dp_fma((uint16_t)(qp >> 16), k_odd, acc); /* the odd dim first */
-                acc = dp_fma((uint16_t)qp, kj[2 * p], acc);
+                acc = attnx_dp_fma((uint16_t)(qp >> 16), k_odd, acc); /* the odd dim first */
+                acc = attnx_dp_fma((uint16_t)qp, kj[2 * p], acc);
             }
             st[j * ldq + i] = scale * acc;
         }
@@ -343,8 +328,8 @@ void attnx_pv_medium_scalar(const float *pt, int64_t ldq, int nq, const uint16_t
             float acc = alpha ? alpha[i] * acct[d * ldq + i] : acct[d * ldq + i];
             for (int j = 0; j < nk; j += 2) { /* a pair of keys, the odd one first (0 past nk) */
                 const uint16_t p_odd = j + 1 < nk ? attnx_bf16_round(pt[(j + 1) * ldq + i]) : 0;
-                acc = dp_fma(p_odd, j + 1 < nk ? v[(j + 1) * v_sl + d] : 0, acc);
-                acc = dp_fma(attnx_bf16_round(pt[j * ldq + i]), v[j * v_sl + d], acc);
+                acc = attnx_dp_fma(p_odd, j + 1 < nk ? v[(j + 1) * v_sl + d] : 0, acc);
+                acc = attnx_dp_fma(attnx_bf16_round(pt[j * ldq + i]), v[j * v_sl + d], acc);
             }
             acct[d * ldq + i] = acc;
         }

@@ -29,9 +29,10 @@
 #ifndef ATTNX_TILE_MODEL_H
 #define ATTNX_TILE_MODEL_H
 
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "kernels/kernels.h" /* attnx_dp_fma, attnx_ftz */
 
 #define TM_TILES 8
 #define TM_ROWS 16
@@ -75,18 +76,6 @@ static inline void tm_stored(int t, void *base, int64_t stride)
         memcpy((char *)base + r * stride, tm_state.data[t][r], (size_t)tm_colsb(t));
 }
 
-/* A bfloat16 value as float32, subnormals read as 0 of their sign. */
-static inline float tm_bf16(uint16_t h)
-{
-    const uint32_t u = (h & 0x7f80u) ? (uint32_t)h << 16 : (uint32_t)(h & 0x8000u) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* A float32 result, flushed to 0 of its sign when subnormal. */
-static inline float tm_ftz(float x) { return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x; }
-
 static inline void tm_dpbf16ps(int c, int a, int b)
 {
     const int M = tm_rows(c), N = tm_colsb(c) / 4, K = tm_colsb(a) / 4;
@@ -97,12 +86,12 @@ static inline void tm_dpbf16ps(int c, int a, int b)
                 uint16_t x[2], y[2];
                 memcpy(x, &tm_state.data[a][m][4 * k], sizeof x);
                 memcpy(y, &tm_state.data[b][k][4 * n], sizeof y);
-                even = tm_ftz(fmaf(tm_bf16(x[0]), tm_bf16(y[0]), even));
-                odd = tm_ftz(fmaf(tm_bf16(x[1]), tm_bf16(y[1]), odd));
+                even = attnx_dp_fma(x[0], y[0], even); /* kernels.h: read, round, flush */
+                odd = attnx_dp_fma(x[1], y[1], odd);
             }
             float acc;
             memcpy(&acc, &tm_state.data[c][m][4 * n], sizeof acc);
-            acc = tm_ftz(acc + tm_ftz(even + odd));
+            acc = attnx_ftz(acc + attnx_ftz(even + odd));
             memcpy(&tm_state.data[c][m][4 * n], &acc, sizeof acc);
         }
 }
