@@ -105,9 +105,12 @@ EXP_FLUSH_BELOW: float
 """exp(x) is exactly 0 below this: a weight of a score further below its row's max is 0."""
 ISA_NAMES: tuple[str, ...]
 """Every instruction set the build knows, in order: ("scalar", "avx2", "avx512", "neon")."""
+PEAK_UNITS: tuple[str, ...]
+"""The units ``peak`` measures, in order: ("fma", "bf16dot", "amx")."""
 MAX_THREADS: int
-EMULATED_AVX512: int
 """The most threads a call uses."""
+EMULATED_AVX512: int
+"""1 in the test build whose AVX-512 kernels run on SIMDe (tools/emulate.sh), else 0."""
 
 def backward(
     q: NDArray[np.float32],
@@ -139,10 +142,12 @@ def fingerprint(a: NDArray[Any], /) -> int:
     released): another content gives another value but with probability ~2^-64."""
 
 
-def fma_peak(threads: int, seconds: float, /) -> float:
-    """Private: the FP32 FMA peak of the active instruction set on ``threads`` threads
-    (0: the default count), in GFLOP/s, measured in about ``seconds`` (the GIL
-    released): the benchmark's compute roofline."""
+def peak(unit: str, threads: int, seconds: float, /) -> Optional[float]:
+    """Private: the peak of one of ``PEAK_UNITS`` ("fma": FP32 FMAs, "bf16dot":
+    vdpbf16ps, "amx": AMX tiles) in the kernels in use, on ``threads`` threads (0:
+    the default count), in GFLOP/s, measured in about ``seconds`` (the GIL
+    released); None where those kernels lack the unit: the benchmark's compute
+    rooflines."""
 CAUSAL_NONE: int
 """The ``causal`` code of ``forward``/``backward``: no causal mask."""
 CAUSAL_UPPER_LEFT: int

@@ -349,11 +349,18 @@ const char *attnx_use_openmp(int on, const char *under);
  * which the team never started forks safely, one whose team ran does not. */
 int attnx_on_team(int on);
 
-/* The FP32 FMA peak of the active instruction set on num_threads threads of
- * the pool (<= 0: attnx_get_num_threads()), in GFLOP/s: register-only FMA
- * chains, the best of three runs of about seconds / 3 each. The compute
- * roofline the benchmark reports its rows against. */
-double attnx_fma_peak(int num_threads, double seconds);
+/* The compute rooflines the benchmark reports its rows against, one a unit:
+ * the FP32 FMAs of the active instruction set (ATTNX_PEAK_FMA, "fma"), its
+ * bfloat16 dot products (ATTNX_PEAK_BF16DOT, "bf16dot": vdpbf16ps) and its
+ * tiles (ATTNX_PEAK_AMX, "amx": TDPBF16PS). attnx_peak: the unit's peak on
+ * num_threads threads of the pool (<= 0: attnx_get_num_threads()), in
+ * GFLOP/s: register-only chains, the best of three runs of about
+ * seconds / 3 each; 0.0 where the kernels in use lack the unit, or for a
+ * unit outside [0, ATTNX_PEAK_UNITS). attnx_peak_unit_name: the unit's
+ * name, NULL outside that range. */
+enum { ATTNX_PEAK_FMA, ATTNX_PEAK_BF16DOT, ATTNX_PEAK_AMX, ATTNX_PEAK_UNITS };
+const char *attnx_peak_unit_name(int unit);
+double attnx_peak(int unit, int num_threads, double seconds);
 
 #ifdef __cplusplus
 }

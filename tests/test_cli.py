@@ -160,6 +160,34 @@ def test_bench_smoke_row_json(capsys):
     assert row["case"].startswith("smoke") and row["threads"] == 1
     assert row["attnx_s"] > 0 and row["attnx_gflops"] > 0
     assert row["numpy_s"] > 0 and row["vs_numpy"] > 0
+    # the ceilings every row carries: the units this CPU has, None for the others
+    dots = attnx._attnx.bf16_dots()
+    assert (row["bf16dot_peak_gflops"] is None) == (dots is None)
+    assert (row["amx_peak_gflops"] is None) == (dots is None or not dots.startswith("amx"))
+    assert row["ceiling"] == "fma" and row["of_ceiling"] == row["of_peak"]   # float32, "highest"
+
+
+def test_bench_medium_row_beside_its_call(capsys):
+    """A case with medium=True times precision="medium" with the others and
+    gives it a row of its own, against the same call under "highest"."""
+    from attnx.bench.cases import Case
+    from attnx.bench.context import Context
+    from attnx.bench.report import Printer
+    args = argparse.Namespace(quick=True, json=True, threads=1, repeats=1)
+    case = Case("case", dict(name="tiny", B=1, Hq=2, Hk=2, Lq=32, Lk=32, D=16, medium=True))
+    try:
+        rows = runner.measure(Context(args), Printer(True), case)
+    finally:
+        attnx.set_num_threads(0)
+    assert [r["case"] for r in rows] == ["tiny", "tiny, precision='medium'"]
+    highest, medium = rows
+    assert medium["precision"] == "medium" and medium["highest_s"] == highest["attnx_s"]
+    assert medium["vs_highest"] == highest["attnx_s"] / medium["attnx_s"]
+    dots = attnx._attnx.bf16_dots()
+    assert medium["ceiling"] == ("fma" if dots is None else "bf16dot" if dots == "avx512_bf16"
+                                 else "amx")
+    assert [json.loads(line)["case"] for line in capsys.readouterr().out.splitlines()] == \
+        ["tiny", "tiny, precision='medium'"]
 
 
 def test_bench_smoke_table(capsys):
@@ -167,6 +195,12 @@ def test_bench_smoke_table(capsys):
     assert lines[0].startswith(f"attnx {attnx.__version__}, ISA ")
     peak = lines[2].split()
     assert peak[:4] == ["FP32", "FMA", "peak", "measured"] and float(peak[peak.index("GFLOP/s") - 1]) > 0
-    assert lines[3].split()[:6] == ["case", "attnx", "of", "peak", "torch", "numpy"]
-    assert lines[4].startswith("smoke ") and len(lines) == 5
-    assert lines[4].split()[6].endswith("%")     # after "smoke B=1 H=2 L=32 D=16" and attnx: its share of the peak
+    # the other units' peaks: measured where the kernels have them
+    dots = attnx._attnx.bf16_dots()
+    assert lines[3].startswith("bfloat16 dot products' peak (vdpbf16ps chains): " + (
+        "none on this CPU;" if dots is None else ""))
+    assert ("AMX tiles' peak (TDPBF16PS): none on this CPU" in lines[3]) == (
+        dots is None or not dots.startswith("amx"))
+    assert lines[4].split()[:6] == ["case", "attnx", "of", "peak", "torch", "numpy"]
+    assert lines[5].startswith("smoke ") and len(lines) == 6
+    assert lines[5].split()[6].endswith("%")     # after "smoke B=1 H=2 L=32 D=16" and attnx: its share of the peak

@@ -21,7 +21,7 @@
 #                         package's, from the [test] extra)
 #   ATTNX_EMULATE_C_CASES cases of tests/c/test_forward.c (default 40; 0 skips 1)
 #   ATTNX_EMULATE_DOTS    default "avx512_bf16 amx_emulated"
-#   ATTNX_EMULATE_TESTS   default "tests/test_precision.py tests/test_bfloat16.py"
+#   ATTNX_EMULATE_TESTS   default "tests/test_precision.py tests/test_bfloat16.py tests/test_peak.py"
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 simde=${ATTNX_EMULATE_SIMDE:-$(python -c 'import simde_py; print(simde_py.get_include())')}
@@ -71,6 +71,6 @@ assert got == ('avx512', sys.argv[2]), got
 " "$tree" "$dots"
     # shellcheck disable=SC2086
     run "$dots" python -m pytest -q -p no:cacheprovider -x \
-        ${ATTNX_EMULATE_TESTS:-tests/test_precision.py tests/test_bfloat16.py}
+        ${ATTNX_EMULATE_TESTS:-tests/test_precision.py tests/test_bfloat16.py tests/test_peak.py}
     echo "   $((SECONDS - t0)) s"
 done

@@ -21,7 +21,8 @@ def forward_cases(quick: bool, nt: int) -> List[Case]:
     """The forward at B=1 H=8 L=1024 D=64 with its peers, then decoding."""
     base = dict(B=1, Hq=8, Hk=8, Lq=1024, Lk=1024, D=64)
     return [
-        Case("case", dict(name=f"B=1 H=8 L=1024 D=64, {nt} threads", **base, numpy=True)),
+        Case("case", dict(name=f"B=1 H=8 L=1024 D=64, {nt} threads", **base, numpy=True,
+                          medium=True)),
         *([Case("case", dict(name="B=1 H=8 L=1024 D=64, 1 thread", **base, threads=1))]
           if nt > 1 else []),
         Case("case", dict(name="  same, causal", **base, causal=True)),
@@ -37,7 +38,8 @@ def training_cases(quick: bool, nt: int, torch: bool) -> List[Case]:
     base = dict(B=1, H=8, L=1024, D=64)
     Lm = 1024 if quick else 3072
     return [
-        Case("backward", dict(name=f"fwd+bwd B=1 H=8 L=1024 D=64, {nt} threads", **base)),
+        Case("backward", dict(name=f"fwd+bwd B=1 H=8 L=1024 D=64, {nt} threads", **base,
+                              medium=True)),
         Case("backward", dict(name="  same, backward only", **base, step=False, numpy=True)),
         Case("backward", dict(name="  same, causal backward only", **base, step=False,
                               causal=True)),
@@ -73,7 +75,9 @@ def variant_cases(quick: bool) -> List[Case]:
 
 
 def sweep_cases(quick: bool, torch: bool) -> List[Case]:
-    """The forward over sequence lengths and head sizes, then masks, GQA, layouts, dtypes."""
+    """The forward over sequence lengths and head sizes, then masks, GQA, layouts, dtypes
+    (the bfloat16 rows with precision="medium" beside them, as the first forward row
+    and the first fwd+bwd row)."""
     lengths = [16, 128, 1024] if quick else [16, 64, 256, 1024, 4096]
     dims = [64] if quick else [32, 64, 128]
     L, D = (256, 64) if quick else (1024, 64)
@@ -94,7 +98,10 @@ def sweep_cases(quick: bool, torch: bool) -> List[Case]:
         Case("case", dict(name=f"sweep L={L} D={D} GQA Hq=8 Hk=2", **{**one, "Hk": 2})),
         Case("case", dict(name=f"sweep L={L} D={D} layout blhd", **one, layout="blhd")),
         *([Case("case", dict(name=f"sweep L={L} D={D} bfloat16 (torch bfloat16)", **one,
-                             bfloat16=True))] if torch else []),
+                             bfloat16=True, medium=True))] if torch else []),
+        *([Case("case", dict(name="sweep L=4096 D=128 causal bfloat16 (torch bfloat16)", B=1,
+                             Hq=8, Hk=8, Lq=4096, Lk=4096, D=128, causal=True, bfloat16=True,
+                             medium=True))] if torch and not quick else []),
     ]
 
 

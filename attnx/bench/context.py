@@ -18,7 +18,7 @@ import argparse
 import importlib
 import platform
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -104,6 +104,10 @@ def inputs(B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, layout: str = "bh
     return [rng.standard_normal(s, dtype=np.float32) for s in shapes]
 
 
+def _gflops(peak: Optional[float]) -> str:
+    return "none on this CPU" if peak is None else f"{peak:.0f} GFLOP/s"
+
+
 class Context:
     """The contestants and the settings of one run (``--quick``, ``--threads``,
     ``--repeats``), the FMA peak measured in it, and how a speed row is made."""
@@ -117,7 +121,8 @@ class Context:
         self.threads: int = args.threads or attnx.get_num_threads()
         self.torch: Any = None      # imported through importlib: torch is untyped for mypy here
         self.F: Any = None
-        self._peaks: Dict[int, float] = {}      # the FMA peak measured in this run, per thread count
+        # the peaks measured in this run, per unit and thread count (None: not on this CPU)
+        self._peaks: Dict[Tuple[str, int], Optional[float]] = {}
         try:
             self.torch = importlib.import_module("torch")
             self.F = importlib.import_module("torch.nn.functional")
@@ -128,25 +133,54 @@ class Context:
         """:func:`interleaved` with this run's repeats."""
         return interleaved(fns, self.repeats, settle)
 
-    def peak(self, nt: int) -> float:
-        """The FP32 FMA peak of attnx's instruction set on ``nt`` threads, GFLOP/s,
-        measured by the core in this run (once per thread count; best of three
-        runs of 0.1 s): the compute roofline of the rows."""
-        if nt not in self._peaks:
+    def peak(self, nt: int, unit: str = "fma") -> Optional[float]:
+        """The peak of one of the core's units (``_attnx.PEAK_UNITS``: "fma" the
+        FP32 FMAs of attnx's instruction set, "bf16dot" its vdpbf16ps, "amx" its
+        tiles) on ``nt`` threads, GFLOP/s, measured by the core in this run (once
+        per unit and thread count; best of three runs of 0.1 s), or None where
+        the kernels in use lack the unit: the compute rooflines of the rows."""
+        if (unit, nt) not in self._peaks:
             from .. import _attnx
-            self._peaks[nt] = _attnx.fma_peak(nt, 0.3)
-        return self._peaks[nt]
+            self._peaks[unit, nt] = _attnx.peak(unit, nt, 0.3)
+        return self._peaks[unit, nt]
+
+    def fma_peak(self, nt: int) -> float:
+        """The FP32 FMA peak on ``nt`` threads (every kernel table has FMAs)."""
+        peak = self.peak(nt)
+        assert peak is not None
+        return peak
+
+    def ceilings(self, nt: int) -> Row:
+        """What every row carries: the peaks of the bfloat16 dot products and of
+        the tiles on ``nt`` threads (None where this CPU has none)."""
+        return {"bf16dot_peak_gflops": self.peak(nt, "bf16dot"),
+                "amx_peak_gflops": self.peak(nt, "amx")}
+
+    def ceiling(self, nt: int, dots: bool) -> Tuple[str, float]:
+        """A row's own ceiling: the fastest unit its kernels may use (``dots``:
+        its call may take bfloat16 dot products, as bfloat16 inputs' scores
+        and precision="medium" do where the CPU has them), and its peak."""
+        for unit in ("amx", "bf16dot") if dots else ():
+            peak = self.peak(nt, unit)
+            if peak is not None:
+                return unit, peak
+        return "fma", self.fma_peak(nt)
 
     def speed_row(self, name: str, flops: float, times: Dict[str, float], nt: int, *,
-                  dense: bool = True) -> Row:
+                  dense: bool = True, dots: bool = False) -> Row:
         """A speed row: GFLOP/s of attnx and each peer timed (``times``: seconds by
-        contestant), ratios to attnx. ``dense=False`` (causal): the GFLOP/s count
-        every score, the work done half of them, so the row gets no share of the peak."""
+        contestant), ratios to attnx; its share of the FP32 FMA peak (``of_peak``)
+        and of its own ceiling (``of_ceiling``, :meth:`ceiling` with ``dots``).
+        ``dense=False`` (causal): the GFLOP/s count every score, the work done
+        half of them, so the row gets no share of a peak."""
+        unit, top = self.ceiling(nt, dots)
         row: Row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
-                    "attnx_gflops": flops / times["attnx"] / 1e9, "peak_gflops": self.peak(nt)}
+                    "attnx_gflops": flops / times["attnx"] / 1e9, "peak_gflops": self.fma_peak(nt),
+                    **self.ceilings(nt), "ceiling": unit}
         if dense:
             row["of_peak"] = row["attnx_gflops"] / row["peak_gflops"]
-        for n in ("torch", "numpy", "float32"):
+            row["of_ceiling"] = row["attnx_gflops"] / top
+        for n in ("torch", "numpy", "float32", "highest"):
             if n in times:
                 row[f"{n}_s"] = times[n]
                 row[f"{n}_gflops"] = flops / times[n] / 1e9
@@ -163,5 +197,8 @@ class Context:
             f"GFLOP/s = 4·B·H·Lq·Lk·D (backward 10·, forward+backward 14·) / median time per "
             f"call over {self.repeats} interleaved rounds (each a ~30 ms block of back-to-back calls)",
             f"FP32 FMA peak measured now ({attnx.isa()}, register-only FMA chains): "
-            f"{self.peak(self.threads):.0f} GFLOP/s on {self.threads} thread(s); "
-            f"'of peak' is attnx's share of the peak for the row's thread count"]
+            f"{self.fma_peak(self.threads):.0f} GFLOP/s on {self.threads} thread(s); "
+            f"'of peak' is attnx's share of the peak for the row's thread count",
+            "bfloat16 dot products' peak (vdpbf16ps chains): " + _gflops(
+                self.peak(self.threads, "bf16dot")) + "; AMX tiles' peak (TDPBF16PS): "
+            + _gflops(self.peak(self.threads, "amx"))]

@@ -171,17 +171,24 @@ def summary(rows: List[Row], about: Dict[str, Any]) -> str:
 
     def cell(r: Row, who: str) -> str:
         v = r.get(f"{who}_gflops")
+        if v is None:
+            return ""
         peak = peaks.get(int(r["threads"]))
-        return "" if v is None else _g(v) + (f" ({v / peak:.0%})" if peak else "")
-    body = [[label, cell(r, "attnx"), cell(r, "torch"), cell(r, "numpy")]
+        return _g(v) + (f" ({v / peak:.0%})" if peak else "")
+    # precision="medium" beside a row, where the run timed it
+    medium = any(f"{case}, precision='medium'" in by_case for _, case in picks)
+    body = [[label, cell(r, "attnx")]
+            + ([cell(by_case.get(f"{case}, precision='medium'", {}), "attnx")] if medium else [])
+            + [cell(r, "torch"), cell(r, "numpy")]
             for label, case in picks for r in [by_case.get(case)] if r is not None]
     most = max(peaks) if peaks else 0
     caption = (f"\n{about['machine']}, {most} threads, `python -m attnx bench --json` on "
                f"{about['date']}: GFLOP/s (4·B·H·L²·D a forward, 10· a backward) and, in "
                f"brackets, the share of the FP32 FMA peak measured in the same run "
                f"({peaks.get(most, 0):.0f} GFLOP/s).\n" if about else "")
-    return _table(["B=1 H=8, GFLOP/s (of the peak)", "attnx", "torch SDPA",
-                   "NumPy (tutorial code)"], body) + caption
+    return _table(["B=1 H=8, GFLOP/s (of the peak)", "attnx"]
+                  + (["attnx, precision='medium'"] if medium else [])
+                  + ["torch SDPA", "NumPy (tutorial code)"], body) + caption
 
 
 BLOCKS: Dict[str, Callable[[List[Row], Dict[str, Any]], str]] = {

@@ -26,11 +26,15 @@ run's :class:`.context.Context` and the keyword arguments of a :class:`.cases.Ca
 
 
 def measure(ctx: Context, printer: Printer, case: Case) -> List[Row]:
-    """Run one case, print its rows and return them; each row's "kind" is the case's."""
+    """Run one case, print its rows and return them; each row's "kind" is the case's,
+    and each row carries the compute ceilings of its thread count
+    (:meth:`.context.Context.ceilings`)."""
     result = KINDS[case.kind](ctx, **case.params)
     rows = result if isinstance(result, list) else [result]
     for row in rows:
         row["kind"] = case.kind
+        for key, value in ctx.ceilings(int(row.get("threads", ctx.threads))).items():
+            row.setdefault(key, value)
         printer.emit(row)
     return rows
 

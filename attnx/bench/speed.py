@@ -43,12 +43,14 @@ def numpy_attention_backward(Q: F32, K: F32, V: F32, dO: F32) -> Tuple[F32, F32,
 def case(ctx: Context, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D: int, *,
          causal: bool = False, mask: Optional[NDArray[Any]] = None, layout: str = "bhld",
          need_weights: bool = False, numpy: bool = False, threads: Optional[int] = None,
-         bfloat16: bool = False) -> Row:
+         bfloat16: bool = False, medium: bool = False) -> List[Row]:
     """One row: attnx, torch's SDPA (unless need_weights) and, with ``numpy``,
     the tutorial NumPy code, on the same inputs and threads (``bfloat16``:
     bfloat16 tensors for attnx and torch, and attnx on float32 tensors of
     the same values beside them: the row's vs_float32 is how much faster
-    the bfloat16 call is)."""
+    the bfloat16 call is). With ``medium``, the same call under
+    precision="medium" is timed among them and makes a second row (its
+    vs_highest: how much faster than the first row's attnx call)."""
     attnx, torch, F = ctx.attnx, ctx.torch, ctx.F
     nt = threads or ctx.threads
     attnx.set_num_threads(nt)
@@ -58,10 +60,15 @@ def case(ctx: Context, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D:
     aq, ak, av = (q, k, v) if not bfloat16 else (torch.from_numpy(x).bfloat16() for x in (q, k, v))
     gqa = Hq != Hk
     lay = "blhd" if layout == "blhd" else "bhld"
-    fns: List[Callable[[], object]] = [lambda: attnx.scaled_dot_product_attention(
-        aq, ak, av, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=lay,
-        need_weights=need_weights)]
+    def a_call(precision: str) -> Callable[[], object]:
+        return lambda: attnx.scaled_dot_product_attention(
+            aq, ak, av, attn_mask=mask, is_causal=causal, enable_gqa=gqa, layout=lay,
+            need_weights=need_weights, precision=precision)
+    fns: List[Callable[[], object]] = [a_call("highest")]
     names = ["attnx"]
+    if medium:
+        fns.append(a_call("medium"))
+        names.append("medium")
     if bfloat16:
         fq, fk, fv = (torch.from_numpy(x).bfloat16().float() for x in (q, k, v))
         fns.append(lambda: attnx.scaled_dot_product_attention(
@@ -86,10 +93,24 @@ def case(ctx: Context, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D:
         names.append("numpy")
     settle = [names.index("numpy")] if numpy else []
     times = dict(zip(names, ctx.time(fns, settle)))
-    row = ctx.speed_row(name, 4.0 * B * Hq * Lq * Lk * D, times, nt, dense=not causal)
+    flops = 4.0 * B * Hq * Lq * Lk * D
+    row = ctx.speed_row(name, flops, times, nt, dense=not causal, dots=bfloat16)
     if bfloat16:
         row["note"] = f"{row['vs_float32']:.2f}x attnx's speed on float32 tensors"
+    rows = [row] + ([medium_row(ctx, name, flops, times, nt, dense=not causal)] if medium else [])
     attnx.set_num_threads(0)
+    return rows
+
+
+def medium_row(ctx: Context, name: str, flops: float, times: Dict[str, float], nt: int, *,
+               dense: bool) -> Row:
+    """The row of a call under precision="medium" (``times["medium"]``) beside
+    the same call's under "highest" (``times["attnx"]``), timed with it."""
+    t = {**{k: v for k, v in times.items() if k not in ("attnx", "medium", "float32")},
+         "attnx": times["medium"], "highest": times["attnx"]}
+    row = ctx.speed_row(f"{name}, precision='medium'", flops, t, nt, dense=dense, dots=True)
+    row["precision"] = "medium"
+    row["note"] = f"{row['vs_highest']:.2f}x the same call's speed under precision='highest'"
     return row
 
 
@@ -102,7 +123,10 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
     float32 call) are timed interleaved in one round, so that the ratios
     between the caches are of the same moments of a shared machine.
     (On AMD EPYC Zen 5, 2 threads, over 512 MiB: NumPy's maximum as uint32
-    or float32 67-69 GB/s, float32 add 38, torch's sum 81.)"""
+    or float32 67-69 GB/s, float32 add 38, torch's sum 81.) The bfloat16 and
+    int8 caches are read under precision="medium" too, in the same rounds:
+    a row each, with vs_highest (against the same cache's call) and, for
+    int8, vs_bfloat16_cache against the bfloat16 cache under "highest"."""
     attnx = ctx.attnx
     attnx.set_num_threads(ctx.threads)
     q = inputs(1, Hq, Hk, 1, Lk, D)[0]
@@ -120,6 +144,7 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
     # per dtype: its name, bytes read, and where its calls sit in fns
     specs: List[Tuple[str, int, int, Optional[int]]] = []
     unrotated_at: Optional[int] = None
+    medium_at: Dict[str, int] = {}      # the calls under precision="medium", by cache
     for dt in dtypes:
         at, torch_at = len(fns), None
         if dt == np.int8:
@@ -128,6 +153,8 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
             k, v = cache.k, cache.v
             scales: Sequence[NDArray[Any]] = (cache.k_scale, cache.v_scale)
             fns += [partial(cache.attend, q), partial(read_all, k, v, ctx.threads, scales)]
+            medium_at["int8 KVCache"] = len(fns)
+            fns.append(partial(cache.attend, q, precision="medium"))
             # the same bytes read as the previous release's format (rows neither
             # centred nor rotated): the cost of the two small products a call that
             # rotate, and of the lse's shift back, beside the kernels'
@@ -139,6 +166,10 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
             k, v, scales = k32.astype(dt), v32.astype(dt), ()
             fns += [partial(attnx.scaled_dot_product_attention, q, k, v, enable_gqa=Hq != Hk),
                     partial(read_all, k, v, ctx.threads)]
+            if np.dtype(dt).name == "bfloat16":
+                medium_at["bfloat16"] = len(fns)
+                fns.append(partial(attnx.scaled_dot_product_attention, q, k, v,
+                                   enable_gqa=Hq != Hk, precision="medium"))
         if ctx.torch and dt == np.float32:
             tq, tk, tv = (ctx.torch.from_numpy(x) for x in (q, k, v))
             ctx.torch.set_num_threads(ctx.threads)
@@ -173,23 +204,39 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
             row["note"] += (f"; {row['vs_unrotated_int8']:.2f}x the same int8 rows read "
                             f"uncentred and unrotated (the previous format)")
         rows.append(row)
+    for name, at in medium_at.items():
+        highest = next(r for r in rows if r["case"].startswith(f"decode {name}"))
+        t = times[at]
+        gbs = highest["attnx_GBps"] * highest["attnx_s"] / t     # the same bytes
+        row = {"case": f"{highest['case']}, precision='medium'", "threads": ctx.threads,
+               "precision": "medium", "attnx_s": t, "attnx_gflops": 4.0 * Hq * Lk * D / t / 1e9,
+               "attnx_GBps": gbs, "roofline_GBps": highest["roofline_GBps"],
+               "of_roofline": gbs / highest["roofline_GBps"], "vs_highest": highest["attnx_s"] / t,
+               "note": f"{highest['attnx_s'] / t:.2f}x the same cache under precision='highest'"}
+        bf16 = [r for r in rows if r["case"].startswith("decode bfloat16")]
+        if name == "int8 KVCache" and bf16:
+            row["vs_bfloat16_cache"] = bf16[0]["attnx_s"] / t
+            row["note"] += f", {row['vs_bfloat16_cache']:.2f}x the bfloat16 cache's"
+        rows.append(row)
     attnx.set_num_threads(0)
     return rows
 
 
 def backward(ctx: Context, name: str, B: int, H: int, L: int, D: int, *, causal: bool = False,
-             step: bool = True, numpy: bool = False) -> Row:
+             step: bool = True, numpy: bool = False, medium: bool = False) -> List[Row]:
     """Gradients: ``step`` times a forward (with lse) + backward against torch's
     forward + backward (14·B·H·L²·D FLOP); otherwise the backward alone
     against torch's backward alone (10·B·H·L²·D), and, with ``numpy``, the
-    obvious NumPy backward that materialises P, dP and dS."""
+    obvious NumPy backward that materialises P, dP and dS. With ``medium``
+    (and ``step``), the step under precision="medium" too: a second row."""
     attnx, torch, F = ctx.attnx, ctx.torch, ctx.F
     attnx.set_num_threads(ctx.threads)
     q, k, v, dout = inputs(B, H, H, L, L, D) + inputs(B, H, H, L, L, D, seed=1)[:1]
     out, lse = attnx.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
 
-    def a_step() -> object:
-        o, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, is_causal=causal)
+    def a_step(precision: str = "highest") -> object:
+        o, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v, is_causal=causal,
+                                                        precision=precision)
         return vjp(dout)
 
     def a_bwd() -> object:
@@ -197,6 +244,9 @@ def backward(ctx: Context, name: str, B: int, H: int, L: int, D: int, *, causal:
                                                            is_causal=causal)
     fns: List[Callable[[], object]] = [a_step if step else a_bwd]
     names = ["attnx"]
+    if medium and step:
+        fns.append(partial(a_step, "medium"))
+        names.append("medium")
     if torch:
         torch.set_num_threads(ctx.threads)
         tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
@@ -213,10 +263,12 @@ def backward(ctx: Context, name: str, B: int, H: int, L: int, D: int, *, causal:
         names.append("numpy")
     settle = [names.index("numpy")] if numpy else []
     times = dict(zip(names, ctx.time(fns, settle)))
-    row = ctx.speed_row(name, (14.0 if step else 10.0) * B * H * L * L * D, times, ctx.threads,
-                        dense=not causal)
+    flops = (14.0 if step else 10.0) * B * H * L * L * D
+    rows = [ctx.speed_row(name, flops, times, ctx.threads, dense=not causal)]
+    if "medium" in times:
+        rows.append(medium_row(ctx, name, flops, times, ctx.threads, dense=not causal))
     attnx.set_num_threads(0)
-    return row
+    return rows
 
 
 def mha_step(ctx: Context, B: int, L: int, d_model: int, H: int) -> Row:

@@ -548,6 +548,36 @@ void AMX(attnx_pv_split)(const float *pt, int64_t ldq, int nq, const uint16_t *v
     pv_tiles(pt, ldq, nqv, nk, Dv, vt, ldv, vpart, 3, 0, (uint32_t *)work, acct);
 }
 
+/* ---- the tiles' peak (kernels.h: amx_burn) ------------------------------------------- */
+double AMX(attnx_amx_burn)(int64_t rounds, float *sink)
+{
+    uint16_t ab[TILE * TILE_DIMS]; /* a tile of A or B: 16 rows of 32 values */
+    float c[TILE * TILE];
+    for (int e = 0; e < TILE * TILE_DIMS; e++) ab[e] = 0x3b80; /* 2^-8 */
+    amx_config saved;
+    tiles_take(&saved);
+    _tile_loadd(4, ab, 64);
+    _tile_loadd(5, ab, 64);
+    _tile_loadd(6, ab, 64);
+    _tile_loadd(7, ab, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t r = 0; r < rounds; r++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, TILE * (int64_t)sizeof *c);
+    float s = c[0];
+    _tile_stored(3, c, TILE * (int64_t)sizeof *c);
+    tiles_give_back(&saved);
+    *sink = s + c[0];
+    return (double)rounds * 4 * TILE * TILE * TILE_DIMS * 2;
+}
+
 #if defined(__clang__) && !defined(ATTNX_EMULATE_AVX512)
 #pragma clang attribute pop
 #endif

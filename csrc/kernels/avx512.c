@@ -24,6 +24,7 @@
 #define QK_BF16_TABLE attnx_kernels_avx512_bf16 /* with AVX512_BF16: + qk_bf16 */
 #define QK_BF16 attnx_qk_bf16_avx512
 #define PV_MEDIUM attnx_pv_medium_avx512
+#define BF16DOT_BURN attnx_bf16dot_burn_avx512
 #define QK_AMX_TABLE attnx_kernels_avx512_amx /* with AMX-BF16: + amx.c's tile kernels */
 #define QK_AMX_EMULATED_TABLE attnx_kernels_avx512_amx_emulated /* the same on the model */
 #define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */

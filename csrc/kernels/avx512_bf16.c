@@ -178,6 +178,23 @@ void attnx_pv_medium_avx512(const float *pt, int64_t ldq, int nq, const uint16_t
         }
 }
 
+/* ---- the bfloat16 dot products' peak (kernels.h: bf16dot_burn) ----------------------- */
+double attnx_bf16dot_burn_avx512(int64_t rounds, float *sink)
+{
+    __m512 acc[ATTNX_PEAK_CHAINS];
+    const __m512i x = _mm512_set1_epi32(0x3b803b80); /* 2^-8 in both halves */
+    for (int i = 0; i < ATTNX_PEAK_CHAINS; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (int64_t r = 0; r < rounds; r++)
+        for (int i = 0; i < ATTNX_PEAK_CHAINS; i++)
+            acc[i] = _mm512_dpbf16_ps(acc[i], ATTNX_AS_BF16(x), ATTNX_AS_BF16(x));
+    __m512 s = acc[0];
+    for (int i = 1; i < ATTNX_PEAK_CHAINS; i++) s = _mm512_add_ps(s, acc[i]);
+    float lanes[BF_W];
+    _mm512_storeu_ps(lanes, s);
+    *sink = lanes[0];
+    return (double)rounds * ATTNX_PEAK_CHAINS * BF_W * 4;
+}
+
 #if defined(__clang__) && !defined(ATTNX_EMULATE_AVX512)
 #pragma clang attribute pop
 #endif

@@ -303,10 +303,25 @@ typedef struct attnx_kernels {
     int pv_half_tiles;
 
     /* The compute roofline: rounds × ATTNX_PEAK_CHAINS independent chains of
-     * vector fused multiply-adds on registers, nothing else (attnx_fma_peak).
+     * vector fused multiply-adds on registers, nothing else (attnx_peak).
      * Returns the flops done (2 a lane and FMA); *sink gets a value of the
      * chains, so that the compiler keeps them. */
     double (*fma_burn)(int64_t rounds, float *sink);
+
+    /* The bfloat16 dot products' roofline (NULL without AVX512_BF16): rounds
+     * × ATTNX_PEAK_CHAINS independent chains of vdpbf16ps on registers
+     * (64 flops an instruction: 2 products a lane, a multiply and an add
+     * each). Every bfloat16 half is 2^-8, so a step adds exactly 2^-15 to a
+     * lane; chain i starts at i, and *sink gets lane 0 of the chains' sum. */
+    double (*bf16dot_burn)(int64_t rounds, float *sink);
+
+    /* The tiles' roofline (NULL without AMX): rounds × 4 TDPBF16PS on the
+     * tile kernels' register blocking (C in tiles 0-3, A in 4-5, B in 6-7),
+     * 16384 flops each. Every bfloat16 value is 2^-8, so a product adds
+     * exactly 2^-11 to each element of C, from 0; *sink gets element 0 of
+     * tiles 0 and 3, summed. Saves and restores the thread's tile
+     * configuration as the kernels do. */
+    double (*amx_burn)(int64_t rounds, float *sink);
 } attnx_kernels;
 
 /* Enough independent chains to cover an FMA's latency on both FMA pipes of
@@ -344,13 +359,15 @@ extern const attnx_kernels attnx_kernels_avx512_amx_emulated;
                               uint32_t *parts, int64_t part);                                      \
     void attnx_pv_medium_##s(const float *pt, int64_t ldq, int nq, const uint16_t *v,              \
                              int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acct,    \
-                             float *work);
+                             float *work);                                                         \
+    double attnx_amx_burn_##s(int64_t rounds, float *sink);
 ATTNX_AMX_KERNELS(amx)
 ATTNX_AMX_KERNELS(amx_emulated)
 void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t *k, int64_t k_sl,
                           int nk, int64_t D, float scale, float *st);
 void attnx_pv_medium_avx512(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
                             int nk, int64_t Dv, const float *alpha, float *acct, float *work);
+double attnx_bf16dot_burn_avx512(int64_t rounds, float *sink);
 #endif
 
 /* pv_bf16's working memory, in floats: the three parts of P of 32 queries

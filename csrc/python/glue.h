@@ -19,7 +19,7 @@
  *   backward.c   backward()
  *   varlen.c     forward_varlen(): packed sequences, keys in place or in pages
  *   blockmap.c   classify_mask(): a mask's block map; a (mask, map) pair
- *   runtime.c    instruction sets, threads, fingerprint(), fma_peak()
+ *   runtime.c    instruction sets, threads, fingerprint(), peak()
  *   module.c     the method table, the constants, PyInit__attnx
  *
  * NumPy's C API is one table of functions, attnx_ARRAY_API, which module.c
@@ -94,7 +94,7 @@ PyObject *attnx_py_set_num_threads(PyObject *self, PyObject *arg);
 PyObject *attnx_py_use_openmp(PyObject *self, PyObject *args);
 PyObject *attnx_py_on_team(PyObject *self, PyObject *arg);
 PyObject *attnx_py_fingerprint(PyObject *self, PyObject *arg);
-PyObject *attnx_py_fma_peak(PyObject *self, PyObject *args);
+PyObject *attnx_py_peak(PyObject *self, PyObject *args);
 
 /* Their docstrings, each next to its function. */
 extern const char attnx_py_forward_doc[];
@@ -102,6 +102,6 @@ extern const char attnx_py_backward_doc[];
 extern const char attnx_py_forward_varlen_doc[];
 extern const char attnx_py_classify_mask_doc[];
 extern const char attnx_py_fingerprint_doc[];
-extern const char attnx_py_fma_peak_doc[];
+extern const char attnx_py_peak_doc[];
 
 #endif

@@ -5,12 +5,13 @@
 #include "glue.h"
 #include "kernels/kernels.h"
 
-/* Every instruction set the core knows, in order, as a tuple of str. */
-static PyObject *isa_names(void)
+/* Names in the core's order, as a tuple of str: the instruction sets
+ * (ISA_NAMES), the units of peak() (PEAK_UNITS). */
+static PyObject *names(int count, const char *(*name_at)(int))
 {
-    PyObject *t = PyTuple_New(attnx_isa_count());
-    for (int i = 0; t && i < attnx_isa_count(); i++) {
-        PyObject *s = PyUnicode_FromString(attnx_isa_name_at(i));
+    PyObject *t = PyTuple_New(count);
+    for (int i = 0; t && i < count; i++) {
+        PyObject *s = PyUnicode_FromString(name_at(i));
         if (!s) {
             Py_CLEAR(t);
             break;
@@ -22,7 +23,7 @@ static PyObject *isa_names(void)
 
 static PyMethodDef methods[] = {
     {"fingerprint", attnx_py_fingerprint, METH_O, attnx_py_fingerprint_doc},
-    {"fma_peak", attnx_py_fma_peak, METH_VARARGS, attnx_py_fma_peak_doc},
+    {"peak", attnx_py_peak, METH_VARARGS, attnx_py_peak_doc},
     {"forward", attnx_py_forward, METH_VARARGS, attnx_py_forward_doc},
     {"forward_varlen", attnx_py_forward_varlen, METH_VARARGS, attnx_py_forward_varlen_doc},
     {"backward", attnx_py_backward, METH_VARARGS, attnx_py_backward_doc},
@@ -77,7 +78,10 @@ static struct PyModuleDef moduledef = {
 static int add_constants(PyObject *m)
 {
     return PyModule_AddObject(m, "EXP_FLUSH_BELOW", PyFloat_FromDouble(ATTNX_EXP_LO)) < 0 ||
-                   PyModule_AddObject(m, "ISA_NAMES", isa_names()) < 0 ||
+                   PyModule_AddObject(m, "ISA_NAMES", names(attnx_isa_count(), attnx_isa_name_at)) <
+                       0 ||
+                   PyModule_AddObject(m, "PEAK_UNITS",
+                                      names(ATTNX_PEAK_UNITS, attnx_peak_unit_name)) < 0 ||
                    PyModule_AddIntConstant(m, "MAX_THREADS", ATTNX_MAX_THREADS) < 0 ||
                    PyModule_AddIntConstant(m, "EMULATED_AVX512", EMULATED_AVX512) < 0 ||
                    PyModule_AddIntConstant(m, "MAP_ROWS", ATTNX_MAP_ROWS) < 0 ||

@@ -1,6 +1,6 @@
 /* The small entry points: the instruction sets (in use, available, forced),
  * the threads (count, OpenMP team), fingerprint() (the vjps notice inputs
- * modified in place) and fma_peak() (the benchmark's compute roofline). */
+ * modified in place) and peak() (the benchmark's compute rooflines). */
 #define NO_IMPORT_ARRAY
 #include "glue.h"
 
@@ -128,27 +128,40 @@ PyObject *attnx_py_fingerprint(PyObject *self, PyObject *arg)
     return PyLong_FromUnsignedLongLong(h);
 }
 
-/* ---- the FMA peak ------------------------------------------------------------------ */
+/* ---- the compute rooflines ------------------------------------------------------------ */
 
-const char attnx_py_fma_peak_doc[] =
-    PyDoc_STR("fma_peak(threads, seconds)\n--\n\n"
-              "Private: the FP32 FMA peak of the active instruction set on `threads` threads\n"
+const char attnx_py_peak_doc[] =
+    PyDoc_STR("peak(unit, threads, seconds)\n--\n\n"
+              "Private: the peak of one of PEAK_UNITS ('fma': FP32 FMAs, 'bf16dot':\n"
+              "vdpbf16ps, 'amx': AMX tiles) in the kernels in use, on `threads` threads\n"
               "(0: the default count), GFLOP/s, measured in about `seconds` (the GIL\n"
-              "released). The benchmark's compute roofline.");
+              "released); None where those kernels lack the unit. The benchmark's\n"
+              "compute rooflines.");
 
-PyObject *attnx_py_fma_peak(PyObject *self, PyObject *args)
+PyObject *attnx_py_peak(PyObject *self, PyObject *args)
 {
-    int threads;
+    const char *name;
+    int threads, unit = 0;
     double seconds, gflops;
-    if (!PyArg_ParseTuple(args, "id:fma_peak", &threads, &seconds)) return NULL;
+    if (!PyArg_ParseTuple(args, "sid:peak", &name, &threads, &seconds)) return NULL;
+    while (attnx_peak_unit_name(unit) && strcmp(attnx_peak_unit_name(unit), name) != 0) unit++;
+    if (!attnx_peak_unit_name(unit)) {
+        char known[64] = "";
+        for (int u = 0; attnx_peak_unit_name(u); u++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s'%s'", u ? ", " : "",
+                     attnx_peak_unit_name(u));
+        PyErr_Format(PyExc_ValueError, "peak: unit must be one of %s; got '%s'", known, name);
+        return NULL;
+    }
     if (!(seconds > 0.0 && seconds <= 60.0)) { /* (PyErr_Format has no %g) */
         char msg[96];
-        snprintf(msg, sizeof msg, "fma_peak: seconds must be in (0, 60]; got %g", seconds);
+        snprintf(msg, sizeof msg, "peak: seconds must be in (0, 60]; got %g", seconds);
         PyErr_SetString(PyExc_ValueError, msg);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-        gflops = attnx_fma_peak(threads, seconds);
+        gflops = attnx_peak(unit, threads, seconds);
     Py_END_ALLOW_THREADS
+    if (gflops == 0.0) Py_RETURN_NONE;
     return PyFloat_FromDouble(gflops);
 }

@@ -1485,6 +1485,44 @@ static void test_fma_burn(const char *isa, const attnx_kernels *kt)
     end();
 }
 
+/* The bfloat16 dot products' and the tiles' peak kernels (each of the
+ * instruction set's bfloat16 dot products that run here): flops counted
+ * as their contract says, and the exact sums of their chains (every step
+ * adds a power of two, so the sums below are exact in float32). */
+static void test_dot_burns(const char *isa)
+{
+    const attnx_isa *row = isa_row(isa);
+    for (const attnx_dots *dots = row && row->dots ? row->dots : NULL; dots && dots->name; dots++) {
+        const attnx_kernels *kt = dots->kernels;
+        if (!dots->supported()) continue;
+        char what[64];
+        snprintf(what, sizeof what, "dot burns %s", dots->name);
+        begin(isa, what, "flops and sums exact");
+        expect(kt->bf16dot_burn != NULL, "no bf16dot_burn");
+        expect((kt->amx_burn != NULL) == (kt->pv_split != NULL), "amx_burn without the tiles");
+        for (int64_t rounds = 0; rounds <= 1000; rounds += 333) {
+            float got = GUARD;
+            cur.cases++;
+            if (kt->bf16dot_burn) {
+                const double flops = kt->bf16dot_burn(rounds, &got);
+                expect(flops == (double)rounds * ATTNX_PEAK_CHAINS * 16 * 4,
+                       "%g flops, %lld rounds", flops, (long long)rounds);
+                const float want = (float)(ATTNX_PEAK_CHAINS * (ATTNX_PEAK_CHAINS - 1) / 2) +
+                                   (float)(ATTNX_PEAK_CHAINS * rounds) * 0x1p-15f;
+                expect_same(got, want, "bf16dot sink", (int)rounds, 0);
+            }
+            if (kt->amx_burn) {
+                got = GUARD;
+                const double flops = kt->amx_burn(rounds, &got);
+                expect(flops == (double)rounds * 4 * 16384, "%g amx flops, %lld rounds", flops,
+                       (long long)rounds);
+                expect_same(got, (float)(2 * rounds) * 0x1p-11f, "amx sink", (int)rounds, 0);
+            }
+        }
+        end();
+    }
+}
+
 /* ---- int8 keys and values with a scale a row: i8_rows the rounded products
  * scale · x (the scalar kernel's bits); qk_dot_i8 the same bits as qk_dot on
  * the int8 values as floats, times the scales after; pv_i8 the same bits as
@@ -1591,6 +1629,7 @@ int main(void)
         test_pv_bf16(isa, 1);
         test_split(isa);
         test_fma_burn(isa, kt);
+        test_dot_burns(isa);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
     printf("%d passed, %d failed\n", passed, failed);
