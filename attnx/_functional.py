@@ -219,9 +219,9 @@ def scaled_dot_product_attention(
         inputs and P rounded to bfloat16 for the products, while the softmax,
         its max and sums and lse stay float32. A permission, not a demand: a
         CPU without bfloat16 dot products computes "medium" as "highest" (the
-        same bits); in this version, one with them takes it for the P·V of
-        bfloat16 inputs' forward alone (see the Accuracy page). Other values
-        raise ValueError.
+        same bits); in this version, one with them takes it in the forward
+        (not decoding's few query rows) and in the backward's two score-like
+        products (see the Precision guide). Other values raise ValueError.
     need_weights : bool
         Also return the attention weights, (B..., Hq, Lq, Lk), float32.
     return_lse : bool

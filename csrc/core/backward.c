@@ -124,7 +124,10 @@ static void tile_ds(const bwd_job *bj, const bwd_scratch *s, const tile_split *s
     const attnx_kernels *kt = bj->run.kt;
     const int64_t hk = h / bj->plan.group, dp = bj->plan.split_dp, dpv = bj->plan.split_dpv;
     const int64_t rows = bj->plan.kslice + 16, row = j0 - sp->kbeg;
-    if (sp->scores) { /* S */
+    if (sp->scores && bj->plan.parts == 1) { /* S, rounded ("medium"): scaled by the kernel */
+        kt->qk_bf16(s->qparts, BQ, nq, s->kparts + row * dp, dp, nk, p->D, p->scale, s->st);
+        attnx_finish_tile(&bj->run, 0, b, h, i0, nq, j0, nk, s->st, s->capped, 1);
+    } else if (sp->scores) { /* S */
         kt->qk_split(s->qparts, BQ, nq, s->kparts + row * dp, rows * dp, nk, dp, s->st);
         attnx_finish_tile(&bj->run, 0, b, h, i0, nq, j0, nk, s->st, s->capped, 0);
     } else {
@@ -132,7 +135,9 @@ static void tile_ds(const bwd_job *bj, const bwd_scratch *s, const tile_split *s
                          s->st, s->capped);
     }
     kt->softmax_final(s->st, BQ, nq, nk, s->lse, s->ones); /* P */
-    if (sp->dp)                                            /* dP */
+    if (sp->dp && bj->plan.parts == 1)                     /* dP, rounded */
+        kt->qk_bf16(s->oparts, BQ, nq, s->vparts + row * dpv, dpv, nk, p->Dv, 1.0f, s->dpt);
+    else if (sp->dp) /* dP */
         kt->qk_split(s->oparts, BQ, nq, s->vparts + row * dpv, rows * dpv, nk, dpv, s->dpt);
     else
         kt->qk(s->dot, BQ, nq, at_in(&p->v, b, hk, j0), p->v.sl, nk, p->Dv, s->dpt);
@@ -182,8 +187,20 @@ static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, tile_split 
     attnx_pack_rows_t(kt, at_in(&p->q, b, h, i0), p->q.sl, nq, p->D, bj->run.pre_scale, s->qt);
     attnx_pack_rows_t(kt, dout, g->dout.sl, nq, p->Dv, 1.0f, s->dot);
     const int64_t dp = bj->plan.split_dp, dpv = bj->plan.split_dpv;
-    if (sp->scores) sp->scores = !kt->split_pairs(s->qt, BQ, nq, p->D, dp, s->qparts, dp / 2 * BQ);
-    if (sp->dp) sp->dp = !kt->split_pairs(s->dot, BQ, nq, p->Dv, dpv, s->oparts, dpv / 2 * BQ);
+    if (bj->plan.parts == 1) { /* "medium": unscaled, rounded into pairs (kernels.h) */
+        if (sp->scores) {
+            kt->pack_qt(at_in(&p->q, b, h, i0), p->q.sl, nq, p->D, 1.0f, (float *)s->qparts, BQ);
+            kt->round_pairs((float *)s->qparts, BQ, nq, p->D);
+        }
+        if (sp->dp) {
+            kt->pack_qt(dout, g->dout.sl, nq, p->Dv, 1.0f, (float *)s->oparts, BQ);
+            kt->round_pairs((float *)s->oparts, BQ, nq, p->Dv);
+        }
+    } else {
+        if (sp->scores)
+            sp->scores = !kt->split_pairs(s->qt, BQ, nq, p->D, dp, s->qparts, dp / 2 * BQ);
+        if (sp->dp) sp->dp = !kt->split_pairs(s->dot, BQ, nq, p->Dv, dpv, s->oparts, dpv / 2 * BQ);
+    }
     const float *dsum = bj->dsum + (b * p->Hq + h) * p->Lq + i0;
     for (int i = 0; i < BQ; i++) {
         s->dvec[i] = i < nq ? dsum[i] : 0.0f;
@@ -367,7 +384,8 @@ static void plan_mask_grad(bwd_job *bj)
 }
 
 /* The keys and values [c0, c1) of key/value head (b, hk) split into the
- * thread's parts (rows past c1 zero), and which products may take them. */
+ * thread's parts (rows past c1 zero), or rounded under "medium" (parts 1),
+ * and which products may take them. */
 static void split_slice(const bwd_job *bj, const bwd_scratch *s, int64_t b, int64_t hk, int64_t c0,
                         int64_t c1, tile_split *sp)
 {
@@ -375,14 +393,19 @@ static void split_slice(const bwd_job *bj, const bwd_scratch *s, int64_t b, int6
     const attnx_kernels *kt = bj->run.kt;
     const int64_t dp = bj->plan.split_dp, dpv = bj->plan.split_dpv, rows = bj->plan.kslice + 16;
     const int n = (int)(c1 - c0); /* <= kslice */
-    sp->scores =
-        !kt->split_rows(at_in(&p->k, b, hk, c0), p->k.sl, n, p->D, s->kparts, rows * dp, dp);
-    sp->dp =
-        !kt->split_rows(at_in(&p->v, b, hk, c0), p->v.sl, n, p->Dv, s->vparts, rows * dpv, dpv);
+    if (bj->plan.parts == 1) {    /* "medium": rounded, unless one became inf */
+        sp->scores = !kt->round_rows(at_in(&p->k, b, hk, c0), p->k.sl, n, p->D, s->kparts, dp);
+        sp->dp = !kt->round_rows(at_in(&p->v, b, hk, c0), p->v.sl, n, p->Dv, s->vparts, dpv);
+    } else {
+        sp->scores =
+            !kt->split_rows(at_in(&p->k, b, hk, c0), p->k.sl, n, p->D, s->kparts, rows * dp, dp);
+        sp->dp =
+            !kt->split_rows(at_in(&p->v, b, hk, c0), p->v.sl, n, p->Dv, s->vparts, rows * dpv, dpv);
+    }
     /* a tile from an unaligned first key (a causal or window band) reads
      * up to 15 rows past the slice's last 16 */
-    const int64_t done = ATTNX_ROUND16(n);
-    for (int a = 0; a < 3; a++) {
+    const int64_t done = bj->plan.parts == 1 ? n : ATTNX_ROUND16(n); /* (split_rows pads) */
+    for (int a = 0; a < bj->plan.parts; a++) {
         memset(s->kparts + (a * rows + done) * dp, 0,
                sizeof *s->kparts * (size_t)((rows - done) * dp));
         memset(s->vparts + (a * rows + done) * dpv, 0,

@@ -167,7 +167,11 @@ static inline int all_bf16(const attnx_problem *p)
  * once an item; only where a key tile meets enough queries to pay for the
  * split (plan.c), and with no post_scale. split_pv: P·V of those items
  * takes kt->pv_split into acct, over the values split and transposed once
- * a call too. */
+ * a call too. round_dk: under precision "medium", blocks of queries that
+ * are not all bfloat16 take the bfloat16 dot path too (qk_bf16, pv_medium):
+ * the keys and values rounded to bfloat16 once a call (kt->round_rows, in
+ * split_dp's slots and pipeline, one part each), the queries once an item
+ * (pack_qt, then kt->round_pairs). */
 typedef struct {
     const attnx_problem *p;
     const attnx_kernels *kt;
@@ -177,6 +181,9 @@ typedef struct {
     int pv_medium;    /* and precision "medium": kt->pv_medium instead (P rounded to bfloat16) */
     int64_t split_dp; /* float32 on tiles (kt->qk_split): D rounded up to 32; else 0 */
     int split_pv;     /* and P·V on tiles too (kt->pv_split, Dv % 16 == 0) */
+    int64_t round_dk; /* "medium", K and V rounded a head: D rounded up to 32, their rows; else 0 */
+    int tiles_only;   /* every block on the tiled kernels, a few rows too (not qk_dot): "medium"
+                       * with more query rows than qk_dot takes, so that every block rounds */
     /* the mask's block map (blockmap.c), or NULL: block (b, h, qb, kb) at
      * map[b*map_sb + h*map_sh + qb*map_sq + kb], strides 0 where broadcast */
     const uint8_t *map;
@@ -235,9 +242,11 @@ typedef struct {
     int64_t ldacc;   /* accumulator rows: Dv rounded up to a whole vector */
     size_t scratch;  /* floats per thread (attnx_fwd_scratch_at) */
     size_t partial;  /* floats of the split-K partials, 0 when nsplit is 1 */
-    /* with split_dp: the parts of split_heads key/value heads (b·Hk + hk)
-     * are kept at once, head bh's in slot bh % split_heads, at most
-     * ATTNX_SPLIT_SLOTS and ATTNX_SPLIT_BYTES (or one head's) */
+    /* with split_dp (or round_dk): the parts of split_heads key/value heads
+     * (b·Hk + hk) are kept at once, head bh's in slot bh % split_heads, at
+     * most ATTNX_SPLIT_SLOTS and ATTNX_SPLIT_BYTES (or one head's); with
+     * round_dk one part each: the keys rounded (kp_rows, round_dk), the
+     * values rounded (kp_rows, Dv) */
     int64_t split_heads;
     int64_t kp_rows; /* rows of a head's key parts, round16(Lk) + 16 */
     size_t kparts;   /* bfloat16 values of the slots' key parts */
@@ -263,8 +272,12 @@ typedef struct {
     size_t scratch;  /* floats per thread (attnx_bwd_scratch_at) */
     size_t partial;  /* floats of the per-range dQ partials, 0 when nsplit is 1 */
     /* float32 on tiles (AMX) for S = Q Kᵀ and dP = dO Vᵀ: 64 and 64 (D and Dv
-     * of 33 to 64, plan.c), or 0 */
+     * of 33 to 64, plan.c), or 0; parts 3 (kt->qk_split over the split parts).
+     * Under precision "medium" with bfloat16 dot products: D and Dv rounded
+     * up to 32, parts 1 (kt->qk_bf16 over Q, K, dO and V rounded to bfloat16,
+     * as the forward rounds them: the same S, so the forward's P) */
     int64_t split_dp, split_dpv;
+    int parts;
     /* keys an item takes at a time, a multiple of BK: kchunk, or fewer with
      * split_dp (BWD_SLICE_KEYS) or run sums (BWD_RUN_FLOATS) */
     int64_t kslice;
@@ -298,7 +311,8 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
  *   | with half-precision K/V: kbuf (BK, D) | vbuf (BK, Dv)
  *   | with bfloat16 Q, K, V: acct (ldacc, BQ) | pv_work (ATTNX_PV_BF16_WORK(ldacc))
  *   | with split_dp: qparts (3, split_dp / 2, BQ)
- *   | with split_pv and not bfloat16 Q, K, V: acct | pv_work, as above */
+ *   | with split_pv or round_dk and not bfloat16 Q, K, V (acct, below):
+ *     acct | pv_work, as above */
 typedef struct {
     float *qt;            /* (D, BQ) packed queries, or (nq, D) rows for qk_dot */
     float *st;            /* (BK, BQ) scores, then probabilities; (nq, BK) when decoding */
@@ -315,6 +329,8 @@ typedef struct {
  *   | with run: dkrun (kslice, ldqa) | dvrun (kslice, ldva)
  *   | with split_dp: qparts (3, split_dp/2, BQ) | oparts (3, split_dpv/2, BQ)
  *                    | kparts (3, kslice + 16, split_dp) | vparts (3, kslice + 16, split_dpv)
+ *     with parts 1: qparts (split_dp, BQ) | oparts (split_dpv, BQ) (the rows packed as
+ *                    floats, then rounded into pairs in place) | kparts, vparts of 1 part
  */
 typedef struct {
     float *qt;     /* (D, BQ)   queries, pre-scaled, transposed */
@@ -338,10 +354,10 @@ typedef struct {
 } bwd_scratch;
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
-                                    int split_pv, size_t *floats);
+                                    int acct, size_t *floats);
 attnx_status attnx_bwd_scratch_size(const attnx_problem *p, const bwd_plan *plan, size_t *floats);
 fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc,
-                                 int64_t split_dp, int split_pv);
+                                 int64_t split_dp, int acct);
 bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, const bwd_plan *plan);
 
 /* n floats, 64-byte aligned, or NULL (out of memory, or n too large). */
@@ -400,12 +416,15 @@ typedef struct {
     /* with split_dp, in slot x = parts_slot(b, hk): head (b, hk)'s key
      * parts (3, kp_rows, split_dp) at kparts + x·3·kp_rows·split_dp, and
      * kspecial[x]: whether its keys hold a value the split cannot take (its
-     * tiles then take qk) */
+     * tiles then take qk); with round_dk: its keys rounded (kp_rows,
+     * round_dk) at kparts + x·kp_rows·round_dk, kspecial[x] if one rounded
+     * to inf (qk then too) */
     uint16_t *kparts;
     unsigned char *kspecial;
     /* with split_pv: slot x's values split and transposed, (3, Dv, ldv) at
      * vparts + x·3·Dv·ldv, and vspecial[x]: whether its values hold a value
-     * the split cannot take (P·V then on FMAs) */
+     * the split cannot take (P·V then on FMAs); with round_dk: its values
+     * rounded (kp_rows, Dv) at vparts + x·kp_rows·Dv, vspecial[x] as kspecial */
     uint16_t *vparts;
     unsigned char *vspecial;
     /* slot x holds head bh's parts once ready[x] is bh + 1; done[x] counts

@@ -69,6 +69,7 @@ static attnx_status alloc_scratch(fwd_job *jb)
         } else { /* no memory for the parts: the FMAs, which need none */
             jb->run.split_dp = 0;
             jb->run.split_pv = 0;
+            if (jb->run.round_dk) jb->run.round_dk = jb->run.pv_tiles = jb->run.pv_medium = 0;
         }
     }
     if (!(jb->scr = calloc((size_t)nt, sizeof(fwd_scratch)))) {
@@ -82,7 +83,7 @@ static attnx_status alloc_scratch(fwd_job *jb)
             return ATTNX_ERR_NOMEM;
         }
         jb->scr[t] = attnx_fwd_scratch_at(base, jb->run.p, jb->plan.ldacc, jb->run.split_dp,
-                                          jb->run.split_pv);
+                                          jb->run.split_pv || jb->run.round_dk);
     }
     return ATTNX_OK;
 }
@@ -140,7 +141,34 @@ static void split_values(const fwd_job *jb, int tid, int64_t bh, int64_t x)
     jb->vspecial[x] = (unsigned char)special;
 }
 
-/* With parts (float32 on AMX tiles) the call is one pipeline of tasks,
+/* Precision "medium" (round_dk): the keys and values of head bh rounded to
+ * bfloat16 in slot x, rows (kp_rows, round_dk) and (kp_rows, Dv), a tile
+ * at a time (16-bit and int8 ones converted first, as the FMAs' tiles read
+ * them); the rows past Lk are 0 (qk_bf16 and pv_medium read only nk rows,
+ * but AMX's reads whole blocks of 16). */
+static void round_keys_values(const fwd_job *jb, int tid, int64_t bh, int64_t x)
+{
+    const fwd_scratch *s = &jb->scr[tid];
+    const attnx_problem *p = jb->run.p;
+    const int64_t b = bh / p->Hk, hk = bh % p->Hk, dk = jb->run.round_dk, rows = jb->plan.kp_rows;
+    uint16_t *keys = jb->kparts + x * rows * dk, *values = jb->vparts + x * rows * p->Dv;
+    int kover = 0, vover = 0;
+    for (int64_t j0 = 0; j0 < p->Lk; j0 += BK) {
+        const int nk = (int)min64(BK, p->Lk - j0);
+        int64_t sl;
+        const float *k = attnx_kv_rows(&jb->run, 0, b, hk, j0, nk, s->kbuf, &sl);
+        kover |= jb->run.kt->round_rows(k, sl, nk, p->D, keys + j0 * dk, dk);
+        const float *v = attnx_kv_rows(&jb->run, 1, b, hk, j0, nk, s->vbuf, &sl);
+        vover |= jb->run.kt->round_rows(v, sl, nk, p->Dv, values + j0 * p->Dv, p->Dv);
+    }
+    memset(keys + p->Lk * dk, 0, sizeof *keys * (size_t)((rows - p->Lk) * dk));
+    memset(values + p->Lk * p->Dv, 0, sizeof *values * (size_t)((rows - p->Lk) * p->Dv));
+    jb->kspecial[x] = (unsigned char)kover;
+    jb->vspecial[x] = (unsigned char)vover;
+}
+
+/* With parts (float32 on AMX tiles, or rounded under "medium") the call is
+ * one pipeline of tasks,
  * taken in order: each head's split into its slot, interleaved with the
  * items, so that one thread splits while the others compute, with no
  * barrier between heads, and a head's parts are split just before its
@@ -192,8 +220,12 @@ static void run_task(void *arg, int tid, int64_t t)
     }
     if (k.head >= jb->plan.split_heads) attnx_wait_for(&jb->done[x], per); /* its last head's */
     atomic_store_explicit(&jb->done[x], 0, memory_order_relaxed);
-    split_keys(jb, tid, k.head, x);
-    if (jb->vparts) split_values(jb, tid, k.head, x);
+    if (jb->run.round_dk) {
+        round_keys_values(jb, tid, k.head, x);
+    } else {
+        split_keys(jb, tid, k.head, x);
+        if (jb->vparts) split_values(jb, tid, k.head, x);
+    }
     atomic_store_explicit(&jb->ready[x], k.head + 1, memory_order_release);
 }
 

@@ -53,8 +53,12 @@ void attnx_clear_unvisited(const fwd_job *jb, const item_view *it)
     }
 }
 
-/* Few queries (decoding) take qk_dot, which reads them as rows. */
-static int rows_layout(const fwd_job *jb, int nq) { return nq <= jb->run.kt->dot_max_nq; }
+/* Few queries (decoding) take qk_dot, which reads them as rows (not where
+ * every block takes the tiles: a "medium" call's last, short block). */
+static int rows_layout(const fwd_job *jb, int nq)
+{
+    return nq <= jb->run.kt->dot_max_nq && !jb->run.tiles_only;
+}
 
 /* How an item's queries are packed, and so which kernel takes its scores. */
 typedef enum {
@@ -64,7 +68,8 @@ typedef enum {
 } query_packing;
 
 /* Pack the item's queries: with the bfloat16 dot products (a block of
- * bfloat16 queries against bfloat16 keys, not decoding) as bfloat16 pairs
+ * bfloat16 queries against bfloat16 keys, not decoding; or under "medium"
+ * any queries, rounded, against the head's rounded keys) as bfloat16 pairs
  * qt2 (ceil(D/2), BQ), unscaled, in s->qt; else pre-scaled, for few queries
  * as rows qr (nq, D), else transposed qt (D, BQ), zero-padded to a whole
  * vector, and with split_dp then split into s->qparts too, unless the
@@ -77,6 +82,11 @@ static query_packing pack_queries(const fwd_job *jb, const fwd_scratch *s, const
         if (jb->run.bf16_dots &&
             attnx_pack_qt_bf16(q, p->q.sl, it->nq, p->D, (uint32_t *)s->qt, BQ))
             return QUERIES_PAIRS;
+        if (jb->run.round_dk && !jb->kspecial[parts_slot(jb, it->b, it->hk)]) {
+            jb->run.kt->pack_qt(q, p->q.sl, it->nq, p->D, 1.0f, s->qt, BQ); /* exact */
+            jb->run.kt->round_pairs(s->qt, BQ, it->nq, p->D);
+            return QUERIES_PAIRS;
+        }
         attnx_pack_rows_t(jb->run.kt, q, p->q.sl, it->nq, p->D, jb->run.pre_scale, s->qt);
         const int64_t dp = jb->run.split_dp;
         if (dp && !jb->kspecial[parts_slot(jb, it->b, it->hk)] &&
@@ -109,7 +119,8 @@ static item_path start_rows(const fwd_job *jb, const fwd_scratch *s, const item_
     item_path path;
     path.queries = pack_queries(jb, s, it);
     path.values = VALUES_ROWS;
-    if (path.queries == QUERIES_PAIRS && jb->run.pv_tiles)
+    if (path.queries == QUERIES_PAIRS && jb->run.pv_tiles &&
+        !(jb->run.round_dk && jb->vspecial[parts_slot(jb, it->b, it->hk)]))
         path.values = VALUES_BF16_TILES;
     else if (jb->run.split_pv && !rows_layout(jb, it->nq) &&
              !jb->vspecial[parts_slot(jb, it->b, it->hk)])
@@ -143,9 +154,27 @@ static const uint16_t *half_rows_at(const attnx_problem *p, const attnx_half_ten
     return t->data + kv_offset(p, t->sb, t->sh, t->sl, it->b, it->hk, j0);
 }
 
+/* Row j0 of the bfloat16 keys (values = 0) or values (1) of the item's head,
+ * and their row stride: the head's rounded rows under "medium" (round_dk),
+ * else the bfloat16 tensor's. */
+static const uint16_t *bf16_rows_at(const fwd_job *jb, const item_view *it, int values, int64_t j0,
+                                    int64_t *sl)
+{
+    const attnx_problem *p = jb->run.p;
+    if (jb->run.round_dk) {
+        const int64_t x = parts_slot(jb, it->b, it->hk), rows = jb->plan.kp_rows;
+        *sl = values ? p->Dv : jb->run.round_dk;
+        return (values ? jb->vparts : jb->kparts) + (x * rows + j0) * *sl;
+    }
+    const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
+    *sl = t->sl;
+    return half_rows_at(p, t, it, j0);
+}
+
 /* Scores of keys j0 .. j0+nk-1 into s->st, by the queries' packing: pairs
- * (s->qt) for qk_bf16, which reads the bfloat16 keys in place; split
- * (s->qparts) for qk_split, which reads the head's key parts. */
+ * (s->qt) for qk_bf16, which reads the bfloat16 keys in place (or the
+ * head's rounded keys); split (s->qparts) for qk_split, which reads the
+ * head's key parts. */
 static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t j0, int nk,
                    query_packing queries)
 {
@@ -159,8 +188,10 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
         return;
     }
     if (queries == QUERIES_PAIRS) {
-        jb->run.kt->qk_bf16((const uint32_t *)s->qt, BQ, it->nq, half_rows_at(p, k16, it, j0),
-                            k16->sl, nk, p->D, p->scale, s->st);
+        int64_t k_sl;
+        const uint16_t *k = bf16_rows_at(jb, it, 0, j0, &k_sl);
+        jb->run.kt->qk_bf16((const uint32_t *)s->qt, BQ, it->nq, k, k_sl, nk, p->D, p->scale,
+                            s->st);
         attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 1);
         return;
     }
@@ -203,10 +234,10 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
         return;
     }
     if (path->values == VALUES_BF16_TILES) {
-        const attnx_half_tensor *v = &p->v16;
-        (jb->run.pv_medium ? jb->run.kt->pv_medium
-                           : jb->run.kt->pv_bf16)(s->st, BQ, it->nq, half_rows_at(p, v, it, j0),
-                                                  v->sl, nk, p->Dv, alpha, s->acct, s->pv_work);
+        int64_t v_sl;
+        const uint16_t *v = bf16_rows_at(jb, it, 1, j0, &v_sl);
+        (jb->run.pv_medium ? jb->run.kt->pv_medium : jb->run.kt->pv_bf16)(
+            s->st, BQ, it->nq, v, v_sl, nk, p->Dv, alpha, s->acct, s->pv_work);
         return;
     }
     const int rows = rows_layout(jb, it->nq);

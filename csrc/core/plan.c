@@ -52,6 +52,19 @@ attnx_run attnx_run_of(const attnx_problem *p)
      * 0.94-0.99x, 768 1.07-1.20x, 1024 1.10-1.12x, 4096 1.07-1.16x */
     r.split_dp = attnx_split_dims(&r, 12);
     r.split_pv = r.split_dp && r.kt->pv_split && p->Dv > 0 && p->Dv % 16 == 0;
+    /* "medium" for the rest (float32, float16, int8 K/V): rounding a head's
+     * keys and values costs less than one block's products, so every block
+     * but decoding's (qk_dot) takes it */
+    if (!r.bf16_dots && p->precision == ATTNX_PRECISION_MEDIUM && r.kt->round_rows &&
+        r.kt->pv_medium && !p->pages.table && p->D > 0 && p->Dv > 0 && p->Dv % 16 == 0 &&
+        p->Lq > r.kt->dot_max_nq) {
+        r.split_dp = 0;
+        r.split_pv = 0;
+        r.round_dk = (p->D + 31) / 32 * 32;
+        r.pv_tiles = r.pv_medium = 1;
+    }
+    /* "medium" rounds every block of such a call, its last short one too */
+    r.tiles_only = r.pv_medium && p->Lq > r.kt->dot_max_nq;
     return r;
 }
 
@@ -105,9 +118,13 @@ attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan)
     plan->kp_rows = ATTNX_ROUND16(p->Lk) + 16;
     plan->ldv = (p->Lk + 63) / 64 * 64 + 64;
     plan->split_heads = plan->kparts = plan->vparts = 0;
-    if (r->split_dp) { /* a head's parts, in bfloat16 values: no overflow, Lk and D fit memory */
-        const size_t kh = 3 * (size_t)plan->kp_rows * (size_t)r->split_dp;
-        const size_t vh = r->split_pv ? 3 * (size_t)p->Dv * (size_t)plan->ldv : 0;
+    if (r->split_dp || r->round_dk) { /* a head's parts, in bfloat16 values: no overflow, Lk
+                                       * and D fit memory */
+        const size_t kh = r->round_dk ? (size_t)plan->kp_rows * (size_t)r->round_dk
+                                      : 3 * (size_t)plan->kp_rows * (size_t)r->split_dp;
+        const size_t vh = r->round_dk   ? (size_t)plan->kp_rows * (size_t)p->Dv
+                          : r->split_pv ? 3 * (size_t)p->Dv * (size_t)plan->ldv
+                                        : 0;
         size_t fit = ATTNX_SPLIT_BYTES / 2 / (kh + vh);
         if (fit > ATTNX_SPLIT_SLOTS) fit = ATTNX_SPLIT_SLOTS;
         if (fit > (size_t)(p->B * p->Hk)) fit = (size_t)(p->B * p->Hk);
@@ -117,7 +134,8 @@ attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan)
             plan->kparts > SIZE_MAX - 1 - plan->vparts)
             return ATTNX_ERR_OVERFLOW;
     }
-    return attnx_fwd_scratch_size(p, plan->ldacc, r->split_dp, r->split_pv, &plan->scratch);
+    return attnx_fwd_scratch_size(p, plan->ldacc, r->split_dp, r->split_pv || r->round_dk,
+                                  &plan->scratch);
 }
 
 /* Split-K for the backward: items are (batch, key/value head, key range);
@@ -164,10 +182,26 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
      *   there qk_split runs about as fast as the FMAs between the
      *   backward's other kernels, though 1.6x alone (not explained). */
     plan->kslice = plan->kchunk;
+    plan->parts = 3;
     plan->split_dp = mask_grad || p->Dv <= 32 || p->Dv > 64 || p->D <= 32 || p->D > 64
                          ? 0
                          : attnx_split_dims(r, BWD_SPLIT_MEET);
     plan->split_dpv = plan->split_dp ? 64 : 0;
+    /* "medium": S and dP on the bfloat16 dot products, Q, K, dO and V
+     * rounded, where the forward rounds them (round_dk, the same run's
+     * conditions: its S, so P consistent with its lse; where the forward
+     * stays float32 and the backward rounded, P = exp(S - lse) of rounded
+     * S against a float32 lse missed torch bfloat16's error bar by 2.4x
+     * (Lk = 3, a GQA group of 3, Lq = 267: its float64 model, 20 trials)).
+     * Not with a mask's gradient, whose own pass recomputes dS on the
+     * FMAs: both ways must give the same bits (float32 S against the
+     * forward's rounded lse: 0.1x the error of the consistent rounding in
+     * the same model at L = 256 D = 64) */
+    if (!mask_grad && r->round_dk) {
+        plan->parts = 1;
+        plan->split_dp = (p->D + 31) / 32 * 32;
+        plan->split_dpv = (p->Dv + 31) / 32 * 32;
+    }
     if (plan->split_dp) plan->kslice = min64(plan->kchunk, BWD_SLICE_KEYS);
     /* dK and dV rows sum a term per query block of the group: added one by
      * one into the gradient's rows, their rounding errors grew with the

@@ -76,14 +76,14 @@ void attnx_scratch_give_back(int tid, float *buf)
 static int staged_kv(const attnx_problem *p) { return p->k16.data || p->k8.data || p->pages.table; }
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,
-                                    int split_pv, size_t *floats)
+                                    int acct, size_t *floats)
 {
     size_t main, kv = 0, tiles = 0;
     const size_t qparts = 3 * (size_t)(split_dp / 2) * BQ; /* split_dp <= D + 31: no overflow */
     if (!mul_ok((size_t)p->D + BK + (size_t)ldacc + 3, BQ, &main) ||
         (staged_kv(p) && !mul_ok((size_t)p->D + (size_t)p->Dv, BK, &kv)) || main > SIZE_MAX - kv)
         return ATTNX_ERR_OVERFLOW;
-    if (all_bf16(p) || split_pv) { /* acct (ldacc, BQ), pv_work: ATTNX_PV_BF16_WORK(ldacc) */
+    if (all_bf16(p) || acct) { /* acct (ldacc, BQ), pv_work: ATTNX_PV_BF16_WORK(ldacc) */
         if (!mul_ok((size_t)ldacc, BQ + BK / 2, &tiles) ||
             tiles > SIZE_MAX - (size_t)ATTNX_PV_BF16_WORK(0))
             return ATTNX_ERR_OVERFLOW;
@@ -96,7 +96,7 @@ attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64
 }
 
 fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ldacc,
-                                 int64_t split_dp, int split_pv)
+                                 int64_t split_dp, int acct)
 {
     fwd_scratch s;
     s.qt = base;
@@ -111,7 +111,7 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
         s.vbuf = s.kbuf + (size_t)BK * p->D;
     }
     float *end = s.alpha + BQ + (staged_kv(p) ? (size_t)BK * (size_t)(p->D + p->Dv) : 0);
-    if (all_bf16(p) || split_pv) { /* 64-byte aligned: every offset is a multiple of 16 floats */
+    if (all_bf16(p) || acct) { /* 64-byte aligned: every offset is a multiple of 16 floats */
         s.acct = end;
         s.pv_work = s.acct + (size_t)ldacc * BQ;
         end = s.pv_work + ATTNX_PV_BF16_WORK(0) + (size_t)ldacc * (BK / 2);
@@ -128,6 +128,8 @@ attnx_status attnx_bwd_scratch_size(const attnx_problem *p, const bwd_plan *plan
     const size_t dims = (size_t)(plan->split_dp + plan->split_dpv),
                  rows = BQ + (size_t)plan->kslice + 16;
     size_t parts = 0, runs = 0; /* runs: kslice <= BWD_RUN_FLOATS / (ldqa + ldva), or BK */
+    /* 3 parts: 3/2 floats a dim and row; 1: a float a dim of the BQ rows (packed
+     * before the pairs), 1/2 of the others: at most as much */
     if (plan->split_dp && (!mul_ok(3 * dims / 2, rows, &parts) || parts > SIZE_MAX - main))
         return ATTNX_ERR_OVERFLOW;
     if (plan->run && (!mul_ok((size_t)plan->kslice, (size_t)(plan->ldqa + plan->ldva), &runs) ||
@@ -161,10 +163,11 @@ bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, const bwd_
     s.kparts = s.vparts = NULL;
     if (plan->split_dp) { /* 64-byte aligned: every size above is a multiple of 16 floats */
         const size_t dp = (size_t)plan->split_dp, dpv = (size_t)plan->split_dpv;
+        const size_t n = (size_t)plan->parts, words = n > 1 ? n : 2; /* per 2 dims of a row */
         s.qparts = (uint32_t *)end;
-        s.oparts = s.qparts + 3 * dp / 2 * BQ;
-        s.kparts = (uint16_t *)(s.oparts + 3 * dpv / 2 * BQ);
-        s.vparts = s.kparts + 3 * dp * ((size_t)plan->kslice + 16);
+        s.oparts = s.qparts + words * dp / 2 * BQ;
+        s.kparts = (uint16_t *)(s.oparts + words * dpv / 2 * BQ);
+        s.vparts = s.kparts + n * dp * ((size_t)plan->kslice + 16);
     }
     return s;
 }

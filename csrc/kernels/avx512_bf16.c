@@ -178,6 +178,49 @@ void attnx_pv_medium_avx512(const float *pt, int64_t ldq, int nq, const uint16_t
         }
 }
 
+/* ---- precision "medium" for inputs that are not bfloat16 (kernels.h) ------------------- */
+
+// x: (rows, n) rows x_sl apart  dst: (rows, ld)
+int attnx_round_rows_avx512(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *dst,
+                            int64_t ld)
+{
+    int over = 0;
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i inf16 = _mm512_set1_epi32(0x7f80), abs16 = _mm512_set1_epi32(0x7fff);
+    for (int j = 0; j < rows; j++) {
+        const float *r = x + j * x_sl;
+        uint16_t *o = dst + j * ld;
+        int64_t d = 0;
+        for (; d + BF_W <= n; d += BF_W) {
+            const __m512 v = _mm512_loadu_ps(r + d);
+            const __m512i h = bf16_round_avx512(v);
+            const __mmask16 finite = /* |v| < inf, as bits */
+                _mm512_cmpgt_epu32_mask(inf, _mm512_and_si512(_mm512_castps_si512(v), abs));
+            over |= _mm512_mask_cmpeq_epi32_mask(finite, _mm512_and_si512(h, abs16), inf16) != 0;
+            _mm256_storeu_si256((__m256i *)(o + d), _mm512_cvtepi32_epi16(h));
+        }
+        for (; d < n; d++) { /* the row's tail */
+            o[d] = attnx_bf16_round(r[d]);
+            over |= (o[d] & 0x7fffu) == 0x7f80u && isfinite(r[d]);
+        }
+        for (; d < ld; d++) o[d] = 0;
+    }
+    return over;
+}
+
+// xt: (n, ldx) floats in, (ceil(n/2), ldx) pairs out, in place
+void attnx_round_pairs_avx512(float *xt, int64_t ldx, int nx, int64_t n)
+{
+    const int64_t lanes = ATTNX_ROUND16(nx);
+    for (int64_t p = 0; 2 * p < n; p++)
+        for (int64_t i = 0; i < lanes; i += BF_W) {
+            const __m512 even = _mm512_loadu_ps(xt + 2 * p * ldx + i);
+            const __m512 odd =
+                2 * p + 1 < n ? _mm512_loadu_ps(xt + (2 * p + 1) * ldx + i) : _mm512_setzero_ps();
+            _mm512_storeu_si512(xt + p * ldx + i, bf16_pairs_avx512(even, odd));
+        }
+}
+
 /* ---- the bfloat16 dot products' peak (kernels.h: bf16dot_burn) ----------------------- */
 double attnx_bf16dot_burn_avx512(int64_t rounds, float *sink)
 {

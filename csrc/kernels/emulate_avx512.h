@@ -114,6 +114,18 @@ static inline __m512i attnx_emu_i32gather_epi32(__m512i idx, const void *base, i
     return _mm512_loadu_si512(w);
 }
 #endif
+#ifndef _mm512_cvtepi32_epi16
+/* each lane's low 16 bits (vpmovdw truncates) */
+#define _mm512_cvtepi32_epi16(x) attnx_emu_cvtepi32_epi16(x)
+static inline __m256i attnx_emu_cvtepi32_epi16(__m512i x)
+{
+    uint32_t w[16];
+    uint16_t h[16];
+    _mm512_storeu_si512(w, x);
+    for (int i = 0; i < 16; i++) h[i] = (uint16_t)w[i];
+    return _mm256_loadu_si256((const __m256i *)h);
+}
+#endif
 #ifndef _mm512_reduce_add_ps
 /* GCC's order: the 256-bit halves, then the 128-bit ones, then lanes 0+2 and
  * 1+3, then those two */

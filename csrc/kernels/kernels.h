@@ -232,6 +232,25 @@ typedef struct attnx_kernels {
     void (*pv_medium)(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl, int nk,
                       int64_t Dv, const float *alpha, float *acct, float *work);
 
+    /* Precision "medium" for inputs that are not bfloat16 (NULL without
+     * bfloat16 dot products; references attnx_round_rows_scalar and
+     * attnx_round_pairs_scalar, whose bits they give). round_rows: rows of
+     * keys or values rounded to bfloat16 (attnx_bf16_round) for qk_bf16 and
+     * pv_medium, once a head:
+     *   dst[j*ld + d] = bf16(x[j*x_sl + d])  for j < rows, d < n; 0 for n <= d < ld
+     * Returns nonzero if a finite value rounded to inf (past bfloat16's
+     * largest finite value: the caller keeps float32 for the head).
+     * x: (rows, n) rows x_sl apart  dst: (rows, ld), ld >= n
+     * round_pairs: pack_qt's transposed queries (at scale 1) rounded in
+     * place into qk_bf16's pairs, attnx_pack_qt_bf16_rounded's layout:
+     *   word p, lane i = bf16(xt[2p][i]) | bf16(xt[2p+1][i]) << 16
+     * at (uint32_t *)xt + p*ldx for 2p < n, i < nx rounded up to 16; row n
+     * of an odd n counts as 0 (not read). Row p is written after rows 2p
+     * and 2p+1 are read, and pair p/2 < p read row p before: in place.
+     * xt: (n, ldx) floats in, (ceil(n/2), ldx) pairs out */
+    int (*round_rows)(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *dst, int64_t ld);
+    void (*round_pairs)(float *xt, int64_t ldx, int nx, int64_t n);
+
     /* Float32 scores on AMX tiles (NULL except with AMX): every float32
      * value x is split exactly into three bfloat16 parts, x = x1 + x2 + x3
      * (split_rows, split_pairs below), and of the nine products of parts
@@ -368,6 +387,9 @@ void attnx_qk_bf16_avx512(const uint32_t *qt2, int64_t ldq, int nq, const uint16
 void attnx_pv_medium_avx512(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
                             int nk, int64_t Dv, const float *alpha, float *acct, float *work);
 double attnx_bf16dot_burn_avx512(int64_t rounds, float *sink);
+int attnx_round_rows_avx512(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *dst,
+                            int64_t ld);
+void attnx_round_pairs_avx512(float *xt, int64_t ldx, int nx, int64_t n);
 #endif
 
 /* pv_bf16's working memory, in floats: the three parts of P of 32 queries
@@ -421,6 +443,9 @@ void attnx_pack_qt_bf16_rounded(const float *q, int64_t q_sl, int nq, int64_t D,
                                 int64_t ldq);
 void attnx_pv_medium_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,
                             int nk, int64_t Dv, const float *alpha, float *acct);
+int attnx_round_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *dst,
+                            int64_t ld);
+void attnx_round_pairs_scalar(float *xt, int64_t ldx, int nx, int64_t n);
 /* The reference of pv_bf16 (scalar.c), for tests: per d and i, in key
  * order, acc = fmaf(pt[j][i], v[j][d], acc) from alpha[i] * acct[d][i]. */
 void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,

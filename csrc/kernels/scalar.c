@@ -335,6 +335,33 @@ void attnx_pv_medium_scalar(const float *pt, int64_t ldq, int nq, const uint16_t
         }
 }
 
+// x: (rows, n) rows x_sl apart  dst: (rows, ld)
+int attnx_round_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *dst,
+                            int64_t ld)
+{
+    int over = 0;
+    for (int j = 0; j < rows; j++)
+        for (int64_t d = 0; d < ld; d++) {
+            const uint16_t h = d < n ? attnx_bf16_round(x[j * x_sl + d]) : 0;
+            over |= (h & 0x7fffu) == 0x7f80u && isfinite(x[j * x_sl + d]);
+            dst[j * ld + d] = h;
+        }
+    return over;
+}
+
+// xt: (n, ldx) floats in, (ceil(n/2), ldx) pairs out
+void attnx_round_pairs_scalar(float *xt, int64_t ldx, int nx, int64_t n)
+{
+    const int lanes = ATTNX_ROUND16(nx);
+    uint32_t *pairs = (uint32_t *)(void *)xt;
+    for (int64_t p = 0; 2 * p < n; p++)
+        for (int i = 0; i < lanes; i++) {
+            const uint32_t even = attnx_bf16_round(xt[2 * p * ldx + i]);
+            const uint32_t odd = 2 * p + 1 < n ? attnx_bf16_round(xt[(2 * p + 1) * ldx + i]) : 0u;
+            pairs[p * ldx + i] = even | odd << 16;
+        }
+}
+
 // acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
 static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
                              float *out, int64_t out_sl)

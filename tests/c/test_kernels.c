@@ -1485,6 +1485,93 @@ static void test_fma_burn(const char *isa, const attnx_kernels *kt)
     end();
 }
 
+/* ---- round_rows, round_pairs: "medium" for inputs that are not bfloat16 ------------------
+ * The references first: round_rows gives attnx_bf16_round's bits and zeros
+ * past n, and says whether a finite value became inf; round_pairs is
+ * attnx_pack_qt_bf16_rounded of the rows it was transposed from (pack_qt's
+ * scalar kernel at scale 1). Then each kernel of the instruction set's
+ * bfloat16 dot products gives its reference's bits and flag, and writes
+ * nothing past its rows (guards). Values of every kind: random bits, ties,
+ * values near bfloat16's largest (some round to inf), inf, NaN, subnormals. */
+static float round_value(int kind)
+{
+    uint32_t u = (uint32_t)(urand() * 4294967296.0);
+    if (kind == 0) return (float)(nrand() * ldexp(1.0, (int)(urand() * 20) - 10));
+    if (kind == 1) u = (u & 0xffff0000u) | 0x8000u;                          /* a tie */
+    if (kind == 2) u = (u & 0x80000000u) | 0x7f7f0000u | (u & 0xffffu);      /* near the top */
+    if (kind == 3 && urand() < 0.5) u = (u & 0x80000000u) | (u & 0x7fffffu); /* subnormal */
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static void test_round(const char *isa)
+{
+    const int is_ref = isa == NULL;
+    const attnx_isa *row = is_ref ? NULL : isa_row(isa);
+    const attnx_dots *dots = row && row->dots ? row->dots : NULL;
+    for (;;) {
+        int (*rows_fn)(const float *, int64_t, int, int64_t, uint16_t *, int64_t) =
+            attnx_round_rows_scalar;
+        void (*pairs_fn)(float *, int64_t, int, int64_t) = attnx_round_pairs_scalar;
+        char what[64] = "round_rows, round_pairs";
+        if (!is_ref) {
+            if (!dots || !dots->name) return;
+            const attnx_dots *d = dots++;
+            if (!d->supported() || !d->kernels->round_rows) continue;
+            rows_fn = d->kernels->round_rows;
+            pairs_fn = d->kernels->round_pairs;
+            snprintf(what, sizeof what, "round %s", d->name);
+        }
+        begin(is_ref ? "any" : isa, what, "identical");
+        for (int kind = 0; kind < 4; kind++)
+            for (int rows = 1; rows <= 19; rows += 6)
+                for (int n = 1; n <= 70; n += (n < 34 ? 1 : 9)) {
+                    const int64_t x_sl = n + 3, ld = n + (n % 3) * 5;
+                    float *x = guarded((size_t)(rows * x_sl));
+                    uint16_t *got = calloc((size_t)(rows * ld + 8), 2);
+                    int over = 0;
+                    for (int e = 0; e < rows * x_sl; e++) x[e] = round_value(kind);
+                    for (int e = 0; e < rows * ld + 8; e++) got[e] = 0xbeef;
+                    const int flag = rows_fn(x, x_sl, rows, n, got, ld);
+                    cur.cases++;
+                    for (int j = 0; j < rows; j++)
+                        for (int d = 0; d < ld; d++) {
+                            const uint16_t want = d < n ? attnx_bf16_round(x[j * x_sl + d]) : 0;
+                            over |=
+                                d < n && isfinite(x[j * x_sl + d]) && !isfinite(bf16_value(want));
+                            expect(got[j * ld + d] == want, "row %d dim %d: %04x, want %04x", j, d,
+                                   got[j * ld + d], want);
+                        }
+                    for (int e = rows * (int)ld; e < rows * (int)ld + 8; e++)
+                        expect(got[e] == 0xbeef, "wrote past the rows at %d", e);
+                    expect(!flag == !over, "flag %d, want %d", flag, over);
+                    free(x);
+                    free(got);
+                    /* the queries of the same values, transposed as pack_qt does */
+                    const int nq = rows, D = n;
+                    float *xt = guarded((size_t)D * LDQ);
+                    uint32_t *want = malloc(sizeof(uint32_t) * (size_t)((D + 1) / 2) * LDQ);
+                    float *q = guarded((size_t)(nq * D));
+                    for (int e = 0; e < nq * D; e++) q[e] = round_value(kind);
+                    attnx_kernels_scalar.pack_qt(q, D, nq, D, 1.0f, xt, LDQ);
+                    attnx_pack_qt_bf16_rounded(q, D, nq, D, want, LDQ);
+                    pairs_fn(xt, LDQ, nq, D);
+                    const uint32_t *pairs = (const uint32_t *)(void *)xt;
+                    for (int pp = 0; pp < (D + 1) / 2; pp++)
+                        for (int i = 0; i < ATTNX_ROUND16(nq); i++)
+                            expect(pairs[pp * LDQ + i] == want[pp * LDQ + i],
+                                   "pair %d query %d: %08x, want %08x", pp, i, pairs[pp * LDQ + i],
+                                   want[pp * LDQ + i]);
+                    free(xt);
+                    free(want);
+                    free(q);
+                }
+        end();
+        if (is_ref) return;
+    }
+}
+
 /* The bfloat16 dot products' and the tiles' peak kernels (each of the
  * instruction set's bfloat16 dot products that run here): flops counted
  * as their contract says, and the exact sums of their chains (every step
@@ -1597,6 +1684,7 @@ int main(void)
     test_qk_bf16_reference();
     test_split_reference();
     test_medium_reference();
+    test_round(NULL);
     test_i8("scalar", &attnx_kernels_scalar);
     for (int s = 0; s < attnx_isa_count(); s++) {
         const char *isa = attnx_isa_name_at(s);
@@ -1630,6 +1718,7 @@ int main(void)
         test_split(isa);
         test_fma_burn(isa, kt);
         test_dot_burns(isa);
+        test_round(isa);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
     printf("%d passed, %d failed\n", passed, failed);
