@@ -146,7 +146,7 @@ def test_medium_rounds_p_on_the_bfloat16_dot_path(rng, threads):
 
 
 @pytest.mark.parametrize("case", ["plain", "gqa causal", "odd D", "mask weights", "float16 kv",
-                                  "Dv=40"])
+                                  "Dv=40", "split keys"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_medium_rounds_float32_inputs_once(rng, case, threads):
     """Inputs that are not bfloat16 under "medium", where the CPU has bfloat16
@@ -157,10 +157,13 @@ def test_medium_rounds_float32_inputs_once(rng, case, threads):
     and weight. Elsewhere, and for a value head size that is not a multiple
     of 16 (Dv=40), "medium" is "highest"'s bits. Shapes that make the head's
     rounded rows longer than D (D=40), several tiles and an odd key count,
-    GQA, causal, a mask with the weights, and float16 keys and values
-    (converted, then rounded)."""
+    GQA, causal, a mask with the weights, float16 keys and values
+    (converted, then rounded), and one head of 2 query blocks against 2000
+    keys (split-K on 2 threads: each range of keys reads the head's rounded
+    rows)."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    q, k, v = _qkv(rng, Lq=130, Lk=301, D=40 if case == "odd D" else 64, scale=2.0)
+    shape = dict(Hq=1, Hk=1, Lq=100, Lk=2000) if case == "split keys" else dict(Lq=130, Lk=301)
+    q, k, v = _qkv(rng, D=40 if case == "odd D" else 64, scale=2.0, **shape)
     if case in ("odd D", "Dv=40"):
         v = rng.standard_normal(v.shape[:-1] + (48 if case == "odd D" else 40,)).astype(np.float32)
     kw = dict(enable_gqa=True, return_lse=True)
@@ -168,6 +171,8 @@ def test_medium_rounds_float32_inputs_once(rng, case, threads):
         kw["is_causal"] = True
     if case == "mask weights":
         kw.update(attn_mask=rng.random((1, 1, 130, 301)) > 0.3, need_weights=True)
+    if case == "split keys":
+        kw.pop("enable_gqa")
     if case == "float16 kv":
         k, v = k.astype(np.float16), v.astype(np.float16)
     previous = attnx.get_num_threads()
