@@ -176,7 +176,7 @@ class Context:
         unit, top = self.ceiling(nt, dots)
         row: Row = {"case": name, "threads": nt, "attnx_s": times["attnx"],
                     "attnx_gflops": flops / times["attnx"] / 1e9, "peak_gflops": self.fma_peak(nt),
-                    **self.ceilings(nt), "ceiling": unit}
+                    "ceiling": unit}
         if dense:
             row["of_peak"] = row["attnx_gflops"] / row["peak_gflops"]
             row["of_ceiling"] = row["attnx_gflops"] / top

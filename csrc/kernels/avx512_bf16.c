@@ -201,7 +201,7 @@ int attnx_round_rows_avx512(const float *x, int64_t x_sl, int rows, int64_t n, u
         }
         for (; d < n; d++) { /* the row's tail */
             o[d] = attnx_bf16_round(r[d]);
-            over |= (o[d] & 0x7fffu) == 0x7f80u && isfinite(r[d]);
+            over |= attnx_bf16_overflowed(r[d], o[d]);
         }
         for (; d < ld; d++) o[d] = 0;
     }

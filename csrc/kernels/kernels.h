@@ -593,6 +593,12 @@ static inline float attnx_bf16_daz(uint16_t h)
     return attnx_bf16_to_float((h & 0x7f80u) == 0 ? (uint16_t)(h & 0x8000u) : h);
 }
 
+/* Whether rounding x to the bfloat16 h took a finite value to inf (round_rows' flag). */
+static inline int attnx_bf16_overflowed(float x, uint16_t h)
+{
+    return (h & 0x7fffu) == 0x7f80u && isfinite(x);
+}
+
 /* A float32 result as they write it: a subnormal flushed to 0 of its sign. */
 static inline float attnx_ftz(float x) { return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x; }
 

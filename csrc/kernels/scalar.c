@@ -343,7 +343,7 @@ int attnx_round_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, u
     for (int j = 0; j < rows; j++)
         for (int64_t d = 0; d < ld; d++) {
             const uint16_t h = d < n ? attnx_bf16_round(x[j * x_sl + d]) : 0;
-            over |= (h & 0x7fffu) == 0x7f80u && isfinite(x[j * x_sl + d]);
+            over |= d < n && attnx_bf16_overflowed(x[j * x_sl + d], h);
             dst[j * ld + d] = h;
         }
     return over;
