@@ -104,6 +104,18 @@ def randn(rng, shape, dtype=np.float32, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
 
 
+def random_page_table(rng, need, num_blocks):
+    """A block table (N, max(need)) int32: sequence i's need[i] pages drawn
+    from num_blocks in a random order, each page used once; 0 past them."""
+    order = rng.permutation(num_blocks)
+    table = np.zeros((len(need), max(need)), np.int32)
+    at = 0
+    for i, n in enumerate(need):
+        table[i, :n] = order[at:at + n]
+        at += n
+    return table
+
+
 def make_qkv(rng, B=(2,), Hq=3, Lq=5, Lk=7, E=16, Ev=None, Hk=None, dtype=np.float32):
     """q (B..., Hq, Lq, E), k (B..., Hk, Lk, E), v (B..., Hk, Lk, Ev)."""
     B = tuple(B)

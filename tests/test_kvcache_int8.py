@@ -27,7 +27,7 @@ import pytest
 
 import attnx
 from attnx._int8 import INT8_SUBNORMAL_ROWS, INT8_SUBNORMAL_SLACK, quantize_rows
-from conftest import LOW_FLOATS, assert_close, randn
+from conftest import LOW_FLOATS, assert_close, randn, random_page_table
 
 
 def dequantized(cache, L=None):
@@ -424,12 +424,7 @@ def test_int8_pages_read_in_place_match_reference(isa, rng, block_size, rotated)
     vq, vs = quantize(randn(rng, (NB, block_size, Hk, Ev)))
     Rk = attnx.int8_rotation(E) if rotated else np.eye(E)
     Rv = attnx.int8_rotation(Ev) if rotated else np.eye(Ev)
-    order = rng.permutation(NB)
-    table = np.zeros((len(lens), max(need)), np.int32)
-    at = 0
-    for i, n in enumerate(need):
-        table[i, :n] = order[at:at + n]
-        at += n
+    table = random_page_table(rng, need, NB)
     cu_q, cu_k = np.cumsum([0] + lq), np.cumsum([0] + lens)
     q = randn(rng, (sum(lq), Hq, E))
     key, value = ((kq, ks, Rk), (vq, vs, Rv)) if rotated else ((kq, ks), (vq, vs))

@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 import attnx  # noqa: E402
 import attnx.torch  # noqa: E402
 from attnx import _attnx  # noqa: E402
-from conftest import assert_close, check_vjp  # noqa: E402
+from conftest import assert_close, check_vjp, random_page_table  # noqa: E402
 
 CHOICES_WORDS = ('precision must be "highest" or "medium"', "'high'")
 
@@ -210,6 +210,134 @@ def test_medium_backward_recomputes_the_forwards_scores(rng, is_causal, threads)
         assert m <= 1.25 * t, f"{name}: medium's error {m:.3g} > 1.25x torch bfloat16's {t:.3g}"
     same = [np.array_equal(a, b) for a, b in zip((out_m, *g_m[:3]), (out_h, *g_h[:3]))]
     assert same == [_attnx.bf16_dots() is None] * 4
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("rows, D", [(1, 64), (4, 128), (3, 40)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_medium_decoding_from_bfloat16_and_int8_caches(rng, dtype, rows, D, threads):
+    """Decoding under "medium" from a bfloat16 or int8 cache, where the CPU
+    has bfloat16 dot products: the queries rounded, Q·Kᵀ and P·V (P rounded)
+    on them over the cache read in place (D=40: Q·Kᵀ alone, on a short last
+    chunk of dims). Against "highest" on the same cache, its extra error is
+    within 1.25x torch bfloat16 SDPA's against float64 on the appended
+    arrays; the weights' two passes agree with it; several tiles of keys and
+    a GQA group of rows. Without those dot products, "highest"'s bits."""
+    pytest.importorskip("ml_dtypes")
+    Hq, Hk, Lk = 8, 2, 333
+    k, v = (rng.standard_normal((1, Hk, Lk, D)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((1, Hq, rows, D)).astype(np.float32)
+    cache = attnx.KVCache(1, Hk, Lk, D, dtype=dtype)
+    cache.append(k, v)
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(threads)
+    try:
+        highest, medium = (cache.attend(q, precision=p) for p in ("highest", "medium"))
+        out_w, w = cache.attend(q, precision="medium", need_weights=True)
+    finally:
+        attnx.set_num_threads(previous)
+    ts = [torch.from_numpy(a).bfloat16() for a in (q, k, v)]
+    mask = torch.ones(rows, Lk, dtype=torch.bool).tril(Lk - rows)
+    t = torch.nn.functional.scaled_dot_product_attention(*ts, attn_mask=mask, enable_gqa=True)
+    ref = attnx.reference(q, k, v, is_causal="lower_right", enable_gqa=True)
+    torch_err = np.abs(t.float().numpy() - ref).max()
+    err = np.abs(medium - highest).max()
+    assert err <= 1.25 * torch_err, f"medium's error {err:.3g} > 1.25x torch's {torch_err:.3g}"
+    np.testing.assert_allclose(out_w, medium, atol=2e-2 * np.abs(medium).max())
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+    assert np.array_equal(highest, medium) == (_attnx.bf16_dots() is None)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_medium_decoding_rows_and_their_backward(rng, threads):
+    """A few float32 query rows against bfloat16 keys and values under
+    "medium": the forward rounds the queries (decoding's kernels), the
+    backward recomputes the scores from the float32 queries, against the
+    forward's lse. Outputs and gradients within 1.25x torch bfloat16 SDPA's
+    error against float64; without bfloat16 dot products, "highest"'s bits."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = _qkv(rng, Hq=8, Hk=2, Lq=4, Lk=333, D=64)
+    k, v = (a.astype(ml_dtypes.bfloat16) for a in (k, v))
+    k32, v32 = (a.astype(np.float32) for a in (k, v))
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    torch_errs, ref, grads = _torch_bf16_errors(q, k32, v32, dout)
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(threads)
+    try:
+        (medium, out_m, g_m), (_, out_h, g_h) = (
+            _attnx_errors(q, k, v, dout, ref, grads, p) for p in ("medium", "highest"))
+    finally:
+        attnx.set_num_threads(previous)
+    for name, m, t in zip(("out", "dq", "dk", "dv"), medium, torch_errs):
+        assert m <= 1.25 * t, f"{name}: medium's error {m:.3g} > 1.25x torch bfloat16's {t:.3g}"
+    assert np.array_equal(out_m, out_h) == (_attnx.bf16_dots() is None)
+    if _attnx.bf16_dots() is None:
+        assert all(np.array_equal(a, b) for a, b in zip(g_m[:3], g_h[:3]))
+
+
+def _medium_close(medium, highest, what):
+    """medium within bfloat16's rounding of highest; different bits exactly
+    where there are bfloat16 dot products."""
+    np.testing.assert_allclose(medium, highest, atol=2e-2, rtol=2e-2, err_msg=what)
+    assert np.array_equal(medium, highest) == (_attnx.bf16_dots() is None), what
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_medium_decoding_variants(rng, dtype):
+    """Decoding a cache under "medium" with each variant that shapes the
+    scores or the rows (a window whose first key is odd, sinks, softcap,
+    ALiBi, a bool mask, sequences of different lengths, the weights):
+    within bfloat16's rounding of "highest"."""
+    pytest.importorskip("ml_dtypes")
+    B, Hq, Hk, D, Lk = 2, 4, 2, 64, 290
+    k, v = (rng.standard_normal((B, Hk, Lk, D)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((B, Hq, 2, D)).astype(np.float32)
+    cache = attnx.KVCache(B, Hk, Lk, D, dtype=dtype, center_keys=False)  # softcap: no centre
+    cache.append(k, v)
+    variants = {
+        "window": dict(window=(101, 0)),
+        "sinks": dict(sinks=rng.standard_normal(Hq).astype(np.float32)),
+        "softcap": dict(softcap=5.0),
+        "alibi": dict(alibi_slopes=np.linspace(0.01, 0.1, Hq, dtype=np.float32)),
+        "mask": dict(attn_mask=rng.random((B, Hq, 2, Lk)) < 0.7),
+        "scale": dict(scale=3.0),  # applied to the sums (> 1), on queries / 16
+    }
+    for name, kw in variants.items():
+        x = q / 16 if name == "scale" else q  # logits of unit spread: bfloat16's rounding of
+        _medium_close(cache.attend(x, precision="medium", **kw),  # q moves larger ones more
+                      cache.attend(x, **kw), name)
+    out_m, w_m = cache.attend(q, precision="medium", need_weights=True)
+    out_h, w_h = cache.attend(q, need_weights=True)
+    _medium_close(out_m, out_h, "weights' output")
+    _medium_close(w_m, w_h, "weights")
+    cache.lengths = np.array([Lk, 77])
+    _medium_close(cache.attend(q, precision="medium"), cache.attend(q), "lengths")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("block_size", [1, 16, 48])
+def test_medium_decoding_from_pages(rng, dtype, block_size):
+    """varlen_attention over pages in a random order under "medium": decoding
+    rows a page's keys at a time (a block of 48 keys holds odd runs of a
+    tile), within bfloat16's rounding of "highest"."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from attnx._int8 import quantize_rows
+    Hk, Hq, E = 2, 6, 64
+    lens, lq = [300, 1, 45, 7], [1, 1, 4, 3]
+    need = [-(-n // block_size) for n in lens]
+    NB = sum(need) + 3
+    kf, vf = (rng.standard_normal((NB, block_size, Hk, E)).astype(np.float32) for _ in range(2))
+    if dtype == "int8":
+        key, value = quantize_rows(kf, "k"), quantize_rows(vf, "v")
+    else:
+        key, value = kf.astype(ml_dtypes.bfloat16), vf.astype(ml_dtypes.bfloat16)
+    table = random_page_table(rng, need, NB)
+    cu_q, cu_k = np.cumsum([0] + lq), np.cumsum([0] + lens)
+    q = rng.standard_normal((sum(lq), Hq, E)).astype(np.float32)
+    out = [attnx.varlen_attention(q, key, value, cu_q, cu_k, block_table=table,
+                                  is_causal="lower_right", enable_gqa=True, precision=p)
+           for p in ("medium", "highest")]
+    _medium_close(*out, f"{dtype} pages of {block_size}")
 
 
 def test_after_a_onednn_bfloat16_matmul_on_the_same_thread(isa, rng):

@@ -171,7 +171,11 @@ static inline int all_bf16(const attnx_problem *p)
  * are not all bfloat16 take the bfloat16 dot path too (qk_bf16, pv_medium):
  * the keys and values rounded to bfloat16 once a call (kt->round_rows, in
  * split_dp's slots and pipeline, one part each), the queries once an item
- * (pack_qt, then kt->round_pairs). */
+ * (pack_qt, then kt->round_pairs). dot_medium: under precision "medium",
+ * decoding's few rows (qk_dot's layout) against a bfloat16 or int8 cache
+ * read in place: the rows rounded to bfloat16 pairs once an item
+ * (kt->round_rows), the scores by kt->qk_dot_medium and, with
+ * dot_medium_pv, P·V by kt->pv_rows_medium (P rounded). */
 typedef struct {
     const attnx_problem *p;
     const attnx_kernels *kt;
@@ -184,6 +188,8 @@ typedef struct {
     int64_t round_dk; /* "medium", K and V rounded a head: D rounded up to 32, their rows; else 0 */
     int tiles_only;   /* every block on the tiled kernels, a few rows too (not qk_dot): "medium"
                        * with more query rows than qk_dot takes, so that every block rounds */
+    int dot_medium;   /* "medium" decoding's scores from a bfloat16 or int8 cache: qk_dot_medium */
+    int dot_medium_pv; /* and its P·V (Dv % 32 == 0): pv_rows_medium */
     /* the mask's block map (blockmap.c), or NULL: block (b, h, qb, kb) at
      * map[b*map_sb + h*map_sh + qb*map_sq + kb], strides 0 where broadcast */
     const uint8_t *map;

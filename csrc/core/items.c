@@ -60,11 +60,51 @@ static int rows_layout(const fwd_job *jb, int nq)
     return nq <= jb->run.kt->dot_max_nq && !jb->run.tiles_only;
 }
 
+/* The words of a row of "medium" decoding's query pairs: D rounded up to 32, halved. */
+static int64_t row_pairs(const attnx_problem *p) { return (p->D + 31) / 32 * 16; }
+
+/* Keys from j up to end that lie in j's page (all of them without pages). */
+static int64_t page_run(const attnx_problem *p, int64_t j, int64_t end)
+{
+    return p->pages.table ? min64(end - j, p->pages.size - j % p->pages.size) : end - j;
+}
+
+/* A run of "medium" decoding's cache rows within one page: keys (values)
+ * at .. at+n-1 of the item's head, their row stride, their scales (int8:
+ * the address and stride; bfloat16: NULL) and their kind (attnx_medium_rows). */
+typedef struct {
+    const void *rows;
+    const float *scale;
+    int64_t sl, s_sl, n;
+    int kind;
+} medium_run;
+
+/* The run of the item's key (values = 0) or value (1) cache from row j, up
+ * to row end or the end of j's page. */
+static medium_run medium_run_at(const attnx_problem *p, const item_view *it, int values, int64_t j,
+                                int64_t end)
+{
+    medium_run r = {NULL, NULL, 0, 0, page_run(p, j, end), ATTNX_MEDIUM_BF16};
+    if (p->k8.data) {
+        const attnx_i8_tensor *t = values ? &p->v8 : &p->k8;
+        r.rows = i8_row_at(p, t, it->b, it->hk, j, &r.scale);
+        r.sl = t->sl;
+        r.s_sl = t->ssl;
+        r.kind = ATTNX_MEDIUM_I8;
+        return r;
+    }
+    const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
+    r.rows = t->data + kv_offset(p, t->sb, t->sh, t->sl, it->b, it->hk, j);
+    r.sl = t->sl;
+    return r;
+}
+
 /* How an item's queries are packed, and so which kernel takes its scores. */
 typedef enum {
-    QUERIES_FLOAT, /* qk (or qk_dot) */
-    QUERIES_PAIRS, /* qk_bf16 */
-    QUERIES_SPLIT  /* qk_split */
+    QUERIES_FLOAT,    /* qk (or qk_dot) */
+    QUERIES_PAIRS,    /* qk_bf16 */
+    QUERIES_SPLIT,    /* qk_split */
+    QUERIES_ROW_PAIRS /* qk_dot_medium */
 } query_packing;
 
 /* Pack the item's queries: with the bfloat16 dot products (a block of
@@ -94,6 +134,11 @@ static query_packing pack_queries(const fwd_job *jb, const fwd_scratch *s, const
             return QUERIES_SPLIT;
         return QUERIES_FLOAT;
     }
+    /* "medium" decoding: unscaled, rounded into rows of pairs (kernels.h), but
+     * as floats where a finite value rounds to inf */
+    if (jb->run.dot_medium &&
+        !jb->run.kt->round_rows(q, p->q.sl, it->nq, p->D, (uint16_t *)s->qt, row_pairs(p) * 2))
+        return QUERIES_ROW_PAIRS;
     for (int i = 0; i < it->nq; i++)
         for (int64_t d = 0; d < p->D; d++)
             s->qt[i * p->D + d] = jb->run.pre_scale * q[i * p->q.sl + d];
@@ -195,6 +240,17 @@ static void scores(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
         attnx_finish_tile(&jb->run, 0, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 1);
         return;
     }
+    if (queries == QUERIES_ROW_PAIRS) { /* "medium" decoding: a page's keys at a time */
+        medium_run r;
+        for (int64_t j = j0; j < j0 + nk; j += r.n) {
+            r = medium_run_at(p, it, 0, j, j0 + nk);
+            jb->run.kt->qk_dot_medium(r.kind, (const uint32_t *)s->qt, row_pairs(p), it->nq, r.rows,
+                                      r.sl, r.scale, r.s_sl, (int)r.n, p->D, p->scale,
+                                      s->st + (j - j0), BK);
+        }
+        attnx_finish_tile(&jb->run, 1, it->b, it->h, it->i0, it->nq, j0, nk, s->st, NULL, 1);
+        return;
+    }
     if (p->k8.data && rows_layout(jb, it->nq) && in_one_page(p, j0, nk)) {
         /* decoding an int8 cache: converted in registers, the scales after the sums */
         const float *sc;
@@ -242,6 +298,16 @@ static void add_values(const fwd_job *jb, const fwd_scratch *s, const item_view 
     }
     const int rows = rows_layout(jb, it->nq);
     const int64_t s_key = rows ? 1 : BQ, s_row = rows ? BK : 1; /* the tile's layout */
+    if (rows && jb->run.dot_medium_pv) { /* "medium" decoding: a page's values at a time */
+        medium_run r;
+        for (int64_t j = j0; j < j0 + nk; j += r.n) {
+            r = medium_run_at(p, it, 1, j, j0 + nk);
+            jb->run.kt->pv_rows_medium(r.kind, s->st + (j - j0), BK, it->nq, r.rows, r.sl, r.scale,
+                                       r.s_sl, (int)r.n, p->Dv, j == j0 ? alpha : NULL, s->acc,
+                                       jb->plan.ldacc);
+        }
+        return;
+    }
     if (p->v8.data && rows && in_one_page(p, j0, nk)) {
         const float *sc;
         const int8_t *v = i8_row_at(p, &p->v8, it->b, it->hk, j0, &sc);

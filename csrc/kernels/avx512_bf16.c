@@ -22,6 +22,8 @@
 #endif
 
 #include "kernels/bf16_avx512.h"
+#include "kernels/hsum_avx512.h"
+#include "kernels/prefetch.h"
 
 #define BF_W 16 /* float32 lanes (query pairs) a vector */
 #define BF_MR 8 /* keys x vectors of queries: 16 accumulators */
@@ -219,6 +221,238 @@ void attnx_round_pairs_avx512(float *xt, int64_t ldx, int nx, int64_t n)
                 2 * p + 1 < n ? _mm512_loadu_ps(xt + (2 * p + 1) * ldx + i) : _mm512_setzero_ps();
             _mm512_storeu_si512(xt + p * ldx + i, bf16_pairs_avx512(even, odd));
         }
+}
+
+/* ---- decoding under precision "medium" (kernels.h: qk_dot_medium, pv_rows_medium) ----
+ * Rows of bfloat16 values are read as they are, 32 a vector; rows of int8
+ * values are widened to float32 (exact) and their top halves taken: the
+ * bfloat16 of an int8 value, exact too. */
+static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
+                                       23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+                                       45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+static const uint16_t even_words[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                        22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                        44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+
+/* 32 elements of a row at x (kind: attnx_medium_rows) as bfloat16 words, in order. */
+BF_INLINE __m512i medium_load(const void *x, const int kind)
+{
+    if (kind != ATTNX_MEDIUM_I8) return _mm512_loadu_si512(x);
+    const __m256i b = _mm256_loadu_si256((const __m256i *)x);
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+    return _mm512_permutex2var_epi16(_mm512_castps_si512(lo), _mm512_loadu_si512(odd_words),
+                                     _mm512_castps_si512(hi));
+}
+
+/* The first n < 32 elements of a row, zero-padded: copied first, so that
+ * nothing past the row is read. */
+BF_INLINE __m512i medium_load_tail(const void *x, int n, const int kind)
+{
+    uint16_t t[32] = {0};
+    memcpy(t, x, (size_t)n * (kind == ATTNX_MEDIUM_I8 ? 1 : 2));
+    return medium_load(t, kind);
+}
+
+/* Keys j .. j+NK-1 (NK 1..4, rows `row` bytes apart) against query rows
+ * i .. i+MR-1 (MR 1..4): each chunk of 32 dims of a key is loaded once for
+ * all the rows; the sums reduced in hsum16's order (hsum4x4, hsum4), then
+ * times each key's factor f. qp: (MR, ldp)  k: NK rows  st: (MR, ldk) */
+BF_INLINE void qk_dot_medium_block(const int MR, const int NK, const int kind, const uint32_t *qp,
+                                   int64_t ldp, const char *k, int64_t row, int64_t D,
+                                   const float *f, float *st, int64_t ldk)
+{
+    const int64_t full = D / 32, esize = kind == ATTNX_MEDIUM_I8 ? 1 : 2;
+    const int tail = (int)(D % 32);
+    __m512 a[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int r = 0; r < 4; r++) a[i][r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c <= full; c++) {
+        if (c == full && !tail) break;
+        __m512i kv[4];
+        for (int r = 0; r < NK; r++) {
+            const char *x = k + r * row + 32 * c * esize;
+            kv[r] = c < full ? medium_load(x, kind) : medium_load_tail(x, tail, kind);
+        }
+        for (int i = 0; i < MR; i++) {
+            const __m512i qv = _mm512_loadu_si512(qp + i * ldp + 16 * c);
+            for (int r = 0; r < NK; r++)
+                a[i][r] = _mm512_dpbf16_ps(a[i][r], ATTNX_AS_BF16(qv), ATTNX_AS_BF16(kv[r]));
+        }
+    }
+    float sums[4][4];
+    if (MR >= 3 && NK == 4)
+        hsum4x4_avx512(a, MR, &sums[0][0], 4);
+    else
+        for (int i = 0; i < MR; i++) hsum4_avx512(a[i][0], a[i][1], a[i][2], a[i][3], sums[i]);
+    if (NK == 4) { /* the factors as one vector a row */
+        const __m128 fv = _mm_loadu_ps(f);
+        for (int i = 0; i < MR; i++)
+            _mm_storeu_ps(st + i * ldk, _mm_mul_ps(_mm_loadu_ps(sums[i]), fv));
+        return;
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NK; r++) st[i * ldk + r] = sums[i][r] * f[r];
+}
+
+#define QM_CASE(mr, nk)                                                                       \
+    case (mr) * 8 + (nk):                                                                     \
+        qk_dot_medium_block(mr, nk, kind, qp + i * ldp, ldp, kj, row, D, f, st + i * ldk + j, \
+                            ldk);                                                             \
+        break;
+
+// qp: (nq, ldp) pairs  k: (nk, D) rows k_sl apart  scale_k: (nk) s_sl apart  st: (nq, ldk)
+void attnx_qk_dot_medium_avx512(int kind, const uint32_t *qp, int64_t ldp, int nq, const void *k,
+                                int64_t k_sl, const float *scale_k, int64_t s_sl, int nk, int64_t D,
+                                float scale, float *st, int64_t ldk)
+{
+    const int64_t row = k_sl * (kind == ATTNX_MEDIUM_I8 ? 1 : 2);
+    const int64_t ahead = rows_ahead(row, kind == ATTNX_MEDIUM_I8);
+    const int64_t bytes = D * (kind == ATTNX_MEDIUM_I8 ? 1 : 2);
+    for (int j = 0; j < nk; j += 4) {
+        const int nb = nk - j < 4 ? nk - j : 4;
+        const char *kj = (const char *)k + j * row;
+        float f[4];
+        for (int r = 0; r < 4; r++) {
+            prefetch_row(k, (j + ahead + r) * row, bytes);
+            f[r] = scale_k && r < nb ? scale * scale_k[(j + r) * s_sl] : scale;
+        }
+        for (int i = 0; i < nq; i += 4) {
+            const int mr = nq - i < 4 ? nq - i : 4;
+            switch (mr * 8 + nb) {
+                // clang-format off
+                QM_CASE(1, 1) QM_CASE(1, 2) QM_CASE(1, 3) QM_CASE(1, 4)
+                QM_CASE(2, 1) QM_CASE(2, 2) QM_CASE(2, 3) QM_CASE(2, 4)
+                QM_CASE(3, 1) QM_CASE(3, 2) QM_CASE(3, 3) QM_CASE(3, 4)
+                QM_CASE(4, 1) QM_CASE(4, 2) QM_CASE(4, 3) QM_CASE(4, 4)
+                // clang-format on
+            }
+        }
+    }
+}
+
+/* pv_rows_medium: lanes are dims, and a pair of keys is one 32-bit word.
+ * vpunpck{l,h}wd of the 32-dim chunks of rows 2m and 2m+1 give the pairs of
+ * dims {8g + t} (lo) and {8g + 4 + t} (hi), g, t < 4, in their lanes; the
+ * accumulators are kept in that order within a call (to_lo, to_hi on the
+ * way in, from_pairs on the way out), so a pair of keys costs two unpacks. */
+static const int32_t to_lo[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+static const int32_t to_hi[16] = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+static const int32_t from_pairs[32] = {0,  1,  2,  3,  16, 17, 18, 19, 4,  5,  6,
+                                       7,  20, 21, 22, 23, 8,  9,  10, 11, 24, 25,
+                                       26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+
+/* Rows i < nr of the probabilities (times their values' scales: scale_v)
+ * rounded to bfloat16 pairs of keys: pp[i*(BK/2) + m] = bf16(p[i][2m]) |
+ * bf16(p[i][2m+1]) << 16, 0 past nk. pt: (nr, ldk)  pp: (nr, BK/2); nk <= BK */
+static void medium_prob_pairs(const float *pt, int64_t ldk, int nr, const float *scale_v,
+                              int64_t s_sl, int nk, uint32_t *pp)
+{
+    float t[ATTNX_BK];
+    for (int i = 0; i < nr; i++) {
+        const float *p = pt + i * ldk;
+        uint32_t *o = pp + i * (ATTNX_BK / 2);
+        if (scale_v) {
+            for (int j = 0; j < nk; j++) t[j] = p[j] * scale_v[j * s_sl];
+            p = t;
+        }
+        int j = 0;
+        for (; j + 32 <= nk; j += 32) {
+            const __m512i r0 = bf16_round_avx512(_mm512_loadu_ps(p + j));
+            const __m512i r1 = bf16_round_avx512(_mm512_loadu_ps(p + j + 16));
+            _mm512_storeu_si512(o + j / 2,
+                                _mm512_permutex2var_epi16(r0, _mm512_loadu_si512(even_words), r1));
+        }
+        for (; j < nk; j += 2)
+            o[j / 2] = attnx_bf16_round(p[j]) |
+                       (j + 1 < nk ? (uint32_t)attnx_bf16_round(p[j + 1]) << 16 : 0u);
+    }
+}
+
+/* Rows i < MR (1..4) of acc, NC (1, 2) chunks of 32 dims from v's column 0:
+ * one vdpbf16ps a pair of keys, row and half chunk.
+ * pp: (MR, BK/2)  v: (nk, 32 NC) rows `row` bytes apart  acc: (MR, ldacc) */
+BF_INLINE void pv_rows_medium_block(const int MR, const int NC, const int kind, const uint32_t *pp,
+                                    const char *v, int64_t row, int nk, const float *alpha,
+                                    float *acc, int64_t ldacc, int64_t ahead)
+{
+    const int64_t esize = kind == ATTNX_MEDIUM_I8 ? 1 : 2;
+    __m512 a[4][4];
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < NC; c++) {
+            __m512 x0 = _mm512_loadu_ps(acc + i * ldacc + 32 * c);
+            __m512 x1 = _mm512_loadu_ps(acc + i * ldacc + 32 * c + 16);
+            if (alpha) {
+                x0 = _mm512_mul_ps(x0, _mm512_set1_ps(alpha[i]));
+                x1 = _mm512_mul_ps(x1, _mm512_set1_ps(alpha[i]));
+            }
+            a[i][2 * c] = _mm512_permutex2var_ps(x0, _mm512_loadu_si512(to_lo), x1);
+            a[i][2 * c + 1] = _mm512_permutex2var_ps(x0, _mm512_loadu_si512(to_hi), x1);
+        }
+    for (int m = 0; 2 * m < nk; m++) {
+        const int odd = 2 * m + 1 < nk;
+        prefetch_row(v, (2 * m + ahead) * row, 32 * NC * esize);
+        prefetch_row(v, (2 * m + 1 + ahead) * row, 32 * NC * esize);
+        __m512i lo[2], hi[2];
+        for (int c = 0; c < NC; c++) {
+            const char *x = v + 2 * m * row + 32 * c * esize;
+            const __m512i e = medium_load(x, kind);
+            const __m512i o = odd ? medium_load(x + row, kind) : _mm512_setzero_si512();
+            lo[c] = _mm512_unpacklo_epi16(e, o);
+            hi[c] = _mm512_unpackhi_epi16(e, o);
+        }
+        for (int i = 0; i < MR; i++) {
+            const __m512i b = _mm512_set1_epi32((int)pp[i * (ATTNX_BK / 2) + m]);
+            for (int c = 0; c < NC; c++) {
+                a[i][2 * c] = _mm512_dpbf16_ps(a[i][2 * c], ATTNX_AS_BF16(b), ATTNX_AS_BF16(lo[c]));
+                a[i][2 * c + 1] =
+                    _mm512_dpbf16_ps(a[i][2 * c + 1], ATTNX_AS_BF16(b), ATTNX_AS_BF16(hi[c]));
+            }
+        }
+    }
+    const __m512i back0 = _mm512_loadu_si512(from_pairs),
+                  back1 = _mm512_loadu_si512(from_pairs + 16);
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < NC; c++) {
+            float *to = acc + i * ldacc + 32 * c;
+            _mm512_storeu_ps(to, _mm512_permutex2var_ps(a[i][2 * c], back0, a[i][2 * c + 1]));
+            _mm512_storeu_ps(to + 16, _mm512_permutex2var_ps(a[i][2 * c], back1, a[i][2 * c + 1]));
+        }
+}
+
+#define PM_CASE(mr, nc)                                                                            \
+    case (mr) * 4 + (nc):                                                                          \
+        pv_rows_medium_block(mr, nc, kind, pp, vj + d0 * esize, row, nb, al, acc + i * ldacc + d0, \
+                             ldacc, ahead);                                                        \
+        break;
+
+// pt: (nq, ldk)  v: (nk, Dv) rows v_sl apart  scale_v: (nk) s_sl apart  acc: (nq, ldacc)
+void attnx_pv_rows_medium_avx512(int kind, const float *pt, int64_t ldk, int nq, const void *v,
+                                 int64_t v_sl, const float *scale_v, int64_t s_sl, int nk,
+                                 int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    const int64_t esize = kind == ATTNX_MEDIUM_I8 ? 1 : 2, row = v_sl * esize;
+    const int64_t ahead = rows_ahead(row, kind == ATTNX_MEDIUM_I8);
+    uint32_t pp[4 * (ATTNX_BK / 2)];
+    for (int i = 0; i < nq; i += 4) {
+        const int mr = nq - i < 4 ? nq - i : 4;
+        for (int j = 0; j < nk || (j == 0 && alpha); j += ATTNX_BK) { /* no keys: the rescale */
+            const int nb = nk - j < ATTNX_BK ? nk - j : ATTNX_BK;
+            const float *al = j == 0 && alpha ? alpha + i : NULL;
+            const char *vj = (const char *)v + j * row;
+            medium_prob_pairs(pt + i * ldk + j, ldk, mr, scale_v ? scale_v + j * s_sl : NULL, s_sl,
+                              nb, pp);
+            for (int64_t d0 = 0; d0 < Dv; d0 += 64) {
+                const int nc = Dv - d0 < 64 ? 1 : 2;
+                switch (mr * 4 + nc) {
+                    // clang-format off
+                    PM_CASE(1, 1) PM_CASE(1, 2) PM_CASE(2, 1) PM_CASE(2, 2)
+                    PM_CASE(3, 1) PM_CASE(3, 2) PM_CASE(4, 1) PM_CASE(4, 2)
+                    // clang-format on
+                }
+            }
+        }
+    }
 }
 
 /* ---- the bfloat16 dot products' peak (kernels.h: bf16dot_burn) ----------------------- */

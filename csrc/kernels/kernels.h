@@ -39,6 +39,19 @@
  * (packed query rows and accumulator rows are padded to it) */
 #define ATTNX_ROUND16(n) (((n) + 15) / 16 * 16)
 
+/* What the rows of a "medium" decoding kernel hold (qk_dot_medium,
+ * pv_rows_medium): bfloat16 values, or int8 values with a scale a row. */
+typedef enum { ATTNX_MEDIUM_BF16 = 0, ATTNX_MEDIUM_I8 } attnx_medium_rows;
+/* qk_dot_medium's and pv_rows_medium's declarations, of the reference
+ * (s = scalar) and of each instruction set's kernels */
+#define ATTNX_MEDIUM_ROWS_KERNELS(s)                                                               \
+    void attnx_qk_dot_medium_##s(int kind, const uint32_t *qp, int64_t ldp, int nq, const void *k, \
+                                 int64_t k_sl, const float *scale_k, int64_t s_sl, int nk,         \
+                                 int64_t D, float scale, float *st, int64_t ldk);                  \
+    void attnx_pv_rows_medium_##s(int kind, const float *pt, int64_t ldk, int nq, const void *v,   \
+                                  int64_t v_sl, const float *scale_v, int64_t s_sl, int nk,        \
+                                  int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
+
 typedef struct attnx_kernels {
     /* st[j*ldq + i] = sum_d k[j*k_sl + d] * qt[d*ldq + i]
      * qt: (D, ldq)  k: (nk, D) rows k_sl apart  st: (nk, ldq); i < nq (rounded up to a vector) */
@@ -251,6 +264,34 @@ typedef struct attnx_kernels {
     int (*round_rows)(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *dst, int64_t ld);
     void (*round_pairs)(float *xt, int64_t ldx, int nx, int64_t n);
 
+    /* Decoding under precision "medium" (NULL without bfloat16 dot
+     * products): few query rows against a bfloat16 or int8 cache read in
+     * place (kind: attnx_medium_rows), with vdpbf16ps; the references
+     * attnx_qk_dot_medium_scalar and attnx_pv_rows_medium_scalar, whose bits
+     * they give. A key or value of an int8 row is its int8 value, exact in
+     * bfloat16; scale[j*s_sl] is that row's scale (NULL for bfloat16 rows).
+     * qk_dot_medium: the rows' queries rounded to bfloat16 pairs (round_rows
+     * into rows of ldp words, 0 past D) against the keys, decoding's tile:
+     *   st[i*ldk + j] = hsum16(a) * (scale · s_j)    (s_j = scale[j*s_sl], or 1)
+     * where lane l of a takes the pairs p = 16c + l of dims 2p+1, 2p (odd
+     * first, as qk_bf16) for c < ceil(D/32), keys 0 past D, from 0, and
+     * hsum16 sums the 16 lanes in one fixed order:
+     *   g[l] = a[l] + a[l+8];  ((g0 + g1) + (g2 + g3)) + ((g4 + g5) + (g6 + g7))
+     * qp: (nq, ldp) pairs, ldp >= 16 ceil(D/32)  k: (nk, D) rows k_sl apart  st: (nq, ldk)
+     * pv_rows_medium: P·V of decoding's tile with each probability (times
+     * its value's scale for int8, one float32 product) rounded to bfloat16,
+     * the products as vdpbf16ps takes pairs of keys (attnx_pv_medium_scalar's
+     * steps, rows for lanes), from alpha[i] * acc[i][d] (alpha NULL: no
+     * rescale):
+     *   acc = dp(bf16(pt[i][2m+1]·s), v[2m+1][d], acc); acc = dp(bf16(pt[i][2m]·s), v[2m][d], acc)
+     * pt: (nq, ldk)  v: (nk, Dv) rows v_sl apart  acc: (nq, ldacc); Dv % 32 == 0 */
+    void (*qk_dot_medium)(int kind, const uint32_t *qp, int64_t ldp, int nq, const void *k,
+                          int64_t k_sl, const float *scale_k, int64_t s_sl, int nk, int64_t D,
+                          float scale, float *st, int64_t ldk);
+    void (*pv_rows_medium)(int kind, const float *pt, int64_t ldk, int nq, const void *v,
+                           int64_t v_sl, const float *scale_v, int64_t s_sl, int nk, int64_t Dv,
+                           const float *alpha, float *acc, int64_t ldacc);
+
     /* Float32 scores on AMX tiles (NULL except with AMX): every float32
      * value x is split exactly into three bfloat16 parts, x = x1 + x2 + x3
      * (split_rows, split_pairs below), and of the nine products of parts
@@ -390,6 +431,7 @@ double attnx_bf16dot_burn_avx512(int64_t rounds, float *sink);
 int attnx_round_rows_avx512(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *dst,
                             int64_t ld);
 void attnx_round_pairs_avx512(float *xt, int64_t ldx, int nx, int64_t n);
+ATTNX_MEDIUM_ROWS_KERNELS(avx512)
 #endif
 
 /* pv_bf16's working memory, in floats: the three parts of P of 32 queries
@@ -446,6 +488,7 @@ void attnx_pv_medium_scalar(const float *pt, int64_t ldq, int nq, const uint16_t
 int attnx_round_rows_scalar(const float *x, int64_t x_sl, int rows, int64_t n, uint16_t *dst,
                             int64_t ld);
 void attnx_round_pairs_scalar(float *xt, int64_t ldx, int nx, int64_t n);
+ATTNX_MEDIUM_ROWS_KERNELS(scalar)
 /* The reference of pv_bf16 (scalar.c), for tests: per d and i, in key
  * order, acc = fmaf(pt[j][i], v[j][d], acc) from alpha[i] * acct[d][i]. */
 void attnx_pv_bf16_scalar(const float *pt, int64_t ldq, int nq, const uint16_t *v, int64_t v_sl,

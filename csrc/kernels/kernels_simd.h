@@ -24,6 +24,8 @@
  *   V_KEEP_BYTES(x, base, idx, fill)  x where base[idx[l]] != 0, else fill
  */
 
+#include "kernels/prefetch.h" /* rows_ahead, prefetch_row */
+
 #define ATTNX_INLINE static inline __attribute__((always_inline))
 
 /* exp(x) for x <= 0 or NaN (all the softmax ever passes: scores minus their
@@ -198,61 +200,11 @@ ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64
                      ldk, kind);                                                               \
         break;
 
-/* Decoding streams each key and value row from memory once: ask for the
- * row AHEAD_BYTES further on while a row is used, every 64-byte line of it,
- * so that enough lines are in flight to read at the memory's bandwidth while
- * the rows in hand are computed on. Measured on AMD EPYC Zen 5, one thread,
- * H=8 Lk=32768 D=128 (A/B runs interleaved, medians): no prefetch float32
- * 24 GB/s, float16 17; every other line (the neighbour left to the hardware)
- * 27 and 18; every line 34 and 30. 8 KiB ahead beat 2, 4 and 16 KiB over
- * float32/float16 with and without GQA; there prefetcht0/t1/t2 and
- * prefetchnta were alike. On an Intel Xeon (AMX, 2 vCPUs), prefetchnta, which
- * fills L1 alone and so is limited by its few fill buffers, read half as
- * fast as the others (tools/microbench/run.sh decode, float32, 2 threads:
- * H=32 Lk=8192 D=128 10.5 GB/s against 21.2-21.7; GQA 8 x 4 rows Lk=32768
- * 9.2 against 19.2-19.6), so the rows go to L2 (prefetcht1, locality 2).
- * The address may lie past the array (the next tile's rows, or nothing): a
- * prefetch never faults, and it is computed as an integer, so no pointer
- * outside the array is formed. */
-#ifndef AHEAD_BYTES
-#define AHEAD_BYTES 8192
-#endif
-#ifndef PREFETCH_LOCALITY
-#define PREFETCH_LOCALITY 2
-#endif
-/* int8 rows are a quarter of float32's bytes for the same arithmetic, so
- * AHEAD_BYTES of them are four times as many rows, yet too few: decoding an
- * int8 cache is as much compute as reading (GQA on AVX2), and Q·Kᵀ and P·V
- * take turns a tile at a time, each stream idle while the other runs. A
- * whole tile ahead, each phase asks for the next tile of its own stream.
- * Measured on AMD EPYC Zen 3, 2 threads, D=128 (tools/microbench/run.sh
- * decode with INT8=1, 8 rounds interleaved, medians): H=32 Lk=8192 64 rows
- * ahead (8 KiB) 13.3 GB/s, 128 rows 15.5; GQA 8 x 4 rows Lk=32768 9.4 and
- * 9.9; 256 rows 9.5. */
-#ifndef AHEAD_ROWS_I8
-#define AHEAD_ROWS_I8 ATTNX_BK
-#endif
-/* Rows ahead: those of row_bytes that make AHEAD_BYTES, at least 4; int8,
- * AHEAD_ROWS_I8. */
-ATTNX_INLINE int64_t rows_ahead(int64_t row_bytes, const int kind)
-{
-    if (kind == ROW_I8) return AHEAD_ROWS_I8;
-    const int64_t n = AHEAD_BYTES / (row_bytes > 0 ? row_bytes : 1);
-    return n < 4 ? 4 : n;
-}
-
-ATTNX_INLINE void prefetch_row(const void *base, int64_t at, int64_t bytes)
-{
-    const uintptr_t row = (uintptr_t)base + (uintptr_t)at;
-    for (int64_t o = 0; o < bytes; o += 64)
-        __builtin_prefetch((const void *)(row + o), 0, PREFETCH_LOCALITY);
-}
-
 // qr: (nq, D)  k: (nk, D) rows k_sl apart (float or 16-bit)  st: (nq, ldk)
 ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, int64_t k_sl,
                              int nk, float *st, int64_t ldk, const int kind)
 {
-    const int64_t esize = row_esize(kind), ahead = rows_ahead(k_sl * esize, kind);
+    const int64_t esize = row_esize(kind), ahead = rows_ahead(k_sl * esize, kind == ROW_I8);
     /* keys a block: 4, or 2 for int8 with 16 vector registers (AVX2), where 4
      * rows x 4 keys of sums, the keys and a query row would spill: converting
      * int8 costs two instructions a vector, and nothing hides them there as
@@ -615,7 +567,8 @@ ATTNX_INLINE void pv_block(const int MR, const int NV, const int tail, const flo
                            const int pf, const int add)
 {
     const VMASK mk = V_MASK(tail ? tail : W);
-    const int64_t esize = row_esize(kind), ahead = pf ? rows_ahead(v_sl * esize, kind) : 0;
+    const int64_t esize = row_esize(kind),
+                  ahead = pf ? rows_ahead(v_sl * esize, kind == ROW_I8) : 0;
     VF a[PV_MR][PV_NV];
     for (int r = 0; r < MR; r++) {
         const VF s = alpha ? V_SET1(alpha[r]) : V_SET1(1.0f);
@@ -911,15 +864,15 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
 const attnx_kernels SUFFIX(attnx_kernels) = {SIMD_ENTRIES};
 #ifdef QK_BF16_TABLE
 const attnx_kernels QK_BF16_TABLE = {
-    SIMD_ENTRIES,  .qk_bf16 = QK_BF16,           .pv_medium = PV_MEDIUM,
-    ROUND_ENTRIES, .bf16dot_burn = BF16DOT_BURN, .pv_half_tiles = 1};
+    SIMD_ENTRIES,   .qk_bf16 = QK_BF16,           .pv_medium = PV_MEDIUM,
+    MEDIUM_ENTRIES, .bf16dot_burn = BF16DOT_BURN, .pv_half_tiles = 1};
 #endif
 #ifdef QK_AMX_TABLE
 /* amx.c's kernels, named *_amx, and on the tile unit's model *_amx_emulated */
 #define AMX_ENTRIES(s)                                                                          \
     .qk_bf16 = attnx_qk_bf16_##s, .pv_bf16 = attnx_pv_bf16_##s, .qk_split = attnx_qk_split_##s, \
     .pv_split = attnx_pv_split_##s, .split_rows = attnx_split_rows_##s,                         \
-    .split_pairs = attnx_split_pairs_##s, .pv_medium = attnx_pv_medium_##s, ROUND_ENTRIES,      \
+    .split_pairs = attnx_split_pairs_##s, .pv_medium = attnx_pv_medium_##s, MEDIUM_ENTRIES,     \
     .bf16dot_burn = BF16DOT_BURN, .amx_burn = attnx_amx_burn_##s
 const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES, AMX_ENTRIES(amx)};
 const attnx_kernels QK_AMX_EMULATED_TABLE = {SIMD_ENTRIES, AMX_ENTRIES(amx_emulated)};

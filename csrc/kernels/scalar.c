@@ -362,6 +362,69 @@ void attnx_round_pairs_scalar(float *xt, int64_t ldx, int nx, int64_t n)
         }
 }
 
+/* Element e of a "medium" decoding row (attnx_medium_rows) in bfloat16:
+ * a bfloat16 value as it is, an int8 value exactly. */
+static uint16_t medium_elem(int kind, const void *row, int64_t e)
+{
+    return kind == ATTNX_MEDIUM_I8 ? attnx_bf16_round((float)((const int8_t *)row)[e])
+                                   : ((const uint16_t *)row)[e];
+}
+
+/* The elements of a "medium" decoding row: 1 or 2 bytes. */
+static int64_t medium_esize(int kind) { return kind == ATTNX_MEDIUM_I8 ? 1 : 2; }
+
+// qp: (nq, ldp) pairs  k: (nk, D) rows k_sl apart  scale_k: (nk) s_sl apart  st: (nq, ldk)
+void attnx_qk_dot_medium_scalar(int kind, const uint32_t *qp, int64_t ldp, int nq, const void *k,
+                                int64_t k_sl, const float *scale_k, int64_t s_sl, int nk, int64_t D,
+                                float scale, float *st, int64_t ldk)
+{
+    const int64_t chunks = (D + 31) / 32;
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++) {
+            const char *kj = (const char *)k + j * k_sl * medium_esize(kind);
+            float a[16];
+            for (int l = 0; l < 16; l++) {
+                a[l] = 0.0f;
+                for (int64_t c = 0; c < chunks; c++) { /* pair p: dims 2p+1 then 2p (0 past D) */
+                    const int64_t p = 16 * c + l;
+                    const uint32_t w = qp[i * ldp + p];
+                    const uint16_t odd = 2 * p + 1 < D ? medium_elem(kind, kj, 2 * p + 1) : 0;
+                    const uint16_t even = 2 * p < D ? medium_elem(kind, kj, 2 * p) : 0;
+                    a[l] = attnx_dp_fma((uint16_t)(w >> 16), odd, a[l]);
+                    a[l] = attnx_dp_fma((uint16_t)w, even, a[l]);
+                }
+            }
+            float g[8];
+            for (int l = 0; l < 8; l++) g[l] = a[l] + a[l + 8];
+            const float sum = ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]));
+            st[i * ldk + j] = sum * (scale_k ? scale * scale_k[j * s_sl] : scale);
+        }
+}
+
+// pt: (nq, ldk)  v: (nk, Dv) rows v_sl apart  scale_v: (nk) s_sl apart  acc: (nq, ldacc)
+void attnx_pv_rows_medium_scalar(int kind, const float *pt, int64_t ldk, int nq, const void *v,
+                                 int64_t v_sl, const float *scale_v, int64_t s_sl, int nk,
+                                 int64_t Dv, const float *alpha, float *acc, int64_t ldacc)
+{
+    const int64_t row = v_sl * medium_esize(kind);
+    for (int i = 0; i < nq; i++)
+        for (int64_t d = 0; d < Dv; d++) {
+            float a = alpha ? acc[i * ldacc + d] * alpha[i] : acc[i * ldacc + d];
+            for (int j = 0; j < nk; j += 2) { /* a pair of keys, the odd one first (0 past nk) */
+                uint16_t p[2] = {0, 0}, x[2] = {0, 0};
+                for (int t = 0; t < 2 && j + t < nk; t++) {
+                    const float s = scale_v ? scale_v[(j + t) * s_sl] : 1.0f;
+                    p[t] =
+                        attnx_bf16_round(scale_v ? pt[i * ldk + j + t] * s : pt[i * ldk + j + t]);
+                    x[t] = medium_elem(kind, (const char *)v + (j + t) * row, d);
+                }
+                a = attnx_dp_fma(p[1], x[1], a);
+                a = attnx_dp_fma(p[0], x[0], a);
+            }
+            acc[i * ldacc + d] = a;
+        }
+}
+
 // acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
 static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
                              float *out, int64_t out_sl)

@@ -1572,6 +1572,185 @@ static void test_round(const char *isa)
     }
 }
 
+/* ---- qk_dot_medium, pv_rows_medium: decoding under "medium" -------------------------------
+ * The references first, on ordinary values: within the summation bound of
+ * the float64 sum of their rounded products (the products are exact), the
+ * scales applied as the contract says. Then each kernel of the instruction
+ * set's bfloat16 dot products gives its reference's bits, for bfloat16 rows
+ * of any bits (inf, NaN, subnormals) and int8 rows, query rows 1 .. 9, keys
+ * past a tile (pv), dims not a multiple of 32 (qk), with and without the
+ * rescale, and writes nothing past its rows (guards). */
+typedef struct {
+    int kind, nq, nk, D, Dv, special;
+    int64_t k_sl;
+    uint32_t *qp; /* (nq, ldp) */
+    int64_t ldp;
+    void *k;      /* (nk, k_sl) bf16 or int8: keys, and values (Dv <= k_sl) */
+    float *scale; /* (nk) 2 apart, int8 only */
+    float *pt;    /* (nq, ldk) */
+    int64_t ldk;
+} medium_rows_case;
+
+static medium_rows_case medium_rows_make(int kind, int nq, int nk, int D, int Dv, int special)
+{
+    medium_rows_case c = {kind, nq, nk, D, Dv, special, 0, NULL, 0, NULL, NULL, NULL, 0};
+    c.k_sl = (D > Dv ? D : Dv) + 3;
+    c.ldp = (D + 31) / 32 * 16 + 5;
+    c.ldk = nk + 7;
+    c.qp = calloc((size_t)(nq * c.ldp), sizeof(uint32_t));
+    for (int i = 0; i < nq; i++)
+        for (int d = 0; d < D; d++) {
+            const uint16_t h = special ? random_bf16(1) : small_half(ATTNX_HALF_BF16);
+            c.qp[i * c.ldp + d / 2] |= (uint32_t)h << (16 * (d % 2));
+        }
+    const size_t n = (size_t)(nk * c.k_sl);
+    if (kind == ATTNX_MEDIUM_I8) {
+        int8_t *k = malloc(n);
+        for (size_t e = 0; e < n; e++) k[e] = (int8_t)(int)(urand() * 256.0 - 128.0);
+        c.k = k;
+        c.scale = malloc(sizeof(float) * (size_t)(2 * nk + 1));
+        for (int j = 0; j < 2 * nk + 1; j++) c.scale[j] = (float)(urand() * 0.05 + 1e-3);
+    } else {
+        uint16_t *k = malloc(2 * n);
+        for (size_t e = 0; e < n; e++)
+            k[e] = special ? random_bf16(1) : small_half(ATTNX_HALF_BF16);
+        c.k = k;
+    }
+    c.pt = malloc(sizeof(float) * (size_t)(nq * c.ldk));
+    for (int e = 0; e < nq * c.ldk; e++) c.pt[e] = random_prob();
+    return c;
+}
+
+static void medium_rows_free(medium_rows_case *c)
+{
+    free(c->qp);
+    free(c->k);
+    free(c->scale);
+    free(c->pt);
+}
+
+/* Element e of row j of the case's keys or values, as a double. */
+static double medium_rows_at(const medium_rows_case *c, int j, int e)
+{
+    return c->kind == ATTNX_MEDIUM_I8 ? (double)((const int8_t *)c->k)[j * c->k_sl + e]
+                                      : bf16_value(((const uint16_t *)c->k)[j * c->k_sl + e]);
+}
+
+static void medium_rows_reference(const medium_rows_case *c)
+{
+    const float scale = 0.125f;
+    float *st = guarded((size_t)(c->nq * c->ldk));
+    attnx_qk_dot_medium_scalar(c->kind, c->qp, c->ldp, c->nq, c->k, c->k_sl, c->scale, 2, c->nk,
+                               c->D, scale, st, c->ldk);
+    for (int i = 0; i < c->nq; i++)
+        for (int j = 0; j < c->nk; j++) {
+            double sum = 0.0, abs = 0.0;
+            for (int d = 0; d < c->D; d++) {
+                const double t =
+                    bf16_value((uint16_t)(c->qp[i * c->ldp + d / 2] >> (16 * (d % 2)))) *
+                    medium_rows_at(c, j, d);
+                sum += t;
+                abs += fabs(t);
+            }
+            const double f = c->scale ? (double)(scale * c->scale[2 * j]) : scale;
+            cur.cases++;
+            expect_within(st[i * c->ldk + j], (float)(sum * f),
+                          ((c->D + 4) * 0x1p-23 * abs + 0x1p-100) * f, "st", i, j);
+        }
+    free(st);
+    float *acc = malloc(sizeof(float) * (size_t)(c->nq * c->Dv)),
+          *alpha = malloc(sizeof(float) * 9);
+    for (int e = 0; e < c->nq * c->Dv; e++) acc[e] = nrand();
+    for (int i = 0; i < 9; i++) alpha[i] = (float)urand();
+    float *got = malloc(sizeof(float) * (size_t)(c->nq * c->Dv));
+    memcpy(got, acc, sizeof(float) * (size_t)(c->nq * c->Dv));
+    attnx_pv_rows_medium_scalar(c->kind, c->pt, c->ldk, c->nq, c->k, c->k_sl, c->scale, 2, c->nk,
+                                c->Dv, alpha, got, c->Dv);
+    for (int i = 0; i < c->nq; i++)
+        for (int d = 0; d < c->Dv; d++) {
+            double sum = (double)(acc[i * c->Dv + d] * alpha[i]), abs = fabs(sum);
+            for (int j = 0; j < c->nk; j++) {
+                const float p =
+                    c->scale ? c->pt[i * c->ldk + j] * c->scale[2 * j] : c->pt[i * c->ldk + j];
+                const double t = bf16_value(attnx_bf16_round(p)) * medium_rows_at(c, j, d);
+                sum += t;
+                abs += fabs(t);
+            }
+            cur.cases++;
+            expect_within(got[i * c->Dv + d], (float)sum,
+                          (c->nk + 4) * 0x1p-23 * abs + c->nk * 0x1p-120, "acc", i, d);
+        }
+    free(acc);
+    free(alpha);
+    free(got);
+}
+
+static void medium_rows_compare(const attnx_kernels *kt, const medium_rows_case *c, int with_alpha)
+{
+    const float scale = 0.0883883f;
+    float *st = guarded((size_t)(c->nq * c->ldk)), *ref = guarded((size_t)(c->nq * c->ldk));
+    kt->qk_dot_medium(c->kind, c->qp, c->ldp, c->nq, c->k, c->k_sl, c->scale, 2, c->nk, c->D, scale,
+                      st, c->ldk);
+    attnx_qk_dot_medium_scalar(c->kind, c->qp, c->ldp, c->nq, c->k, c->k_sl, c->scale, 2, c->nk,
+                               c->D, scale, ref, c->ldk);
+    cur.cases++;
+    for (int e = 0; e < c->nq * c->ldk; e++) /* guards past nk compared too */
+        expect_same(st[e], ref[e], "st", e / (int)c->ldk, e % (int)c->ldk);
+    free(st);
+    free(ref);
+    const int64_t ldacc = c->Dv + 16;
+    float *acc = malloc(sizeof(float) * (size_t)(c->nq * ldacc)), alpha[16];
+    for (int e = 0; e < c->nq * ldacc; e++) acc[e] = (e % ldacc) < c->Dv ? nrand() : GUARD;
+    for (int i = 0; i < 16; i++) alpha[i] = (float)urand();
+    float *want = malloc(sizeof(float) * (size_t)(c->nq * ldacc));
+    memcpy(want, acc, sizeof(float) * (size_t)(c->nq * ldacc));
+    const float *al = with_alpha ? alpha : NULL;
+    kt->pv_rows_medium(c->kind, c->pt, c->ldk, c->nq, c->k, c->k_sl, c->scale, 2, c->nk, c->Dv, al,
+                       acc, ldacc);
+    attnx_pv_rows_medium_scalar(c->kind, c->pt, c->ldk, c->nq, c->k, c->k_sl, c->scale, 2, c->nk,
+                                c->Dv, al, want, ldacc);
+    cur.cases++;
+    for (int e = 0; e < c->nq * ldacc; e++)
+        expect_same(acc[e], want[e], "acc", e / (int)ldacc, e % (int)ldacc);
+    free(acc);
+    free(want);
+}
+
+/* isa NULL: the references; else each of its bfloat16 dot products'. */
+static void test_medium_rows(const char *isa)
+{
+    const attnx_isa *row = isa ? isa_row(isa) : NULL;
+    const attnx_dots *dots = row && row->dots ? row->dots : NULL;
+    for (;;) {
+        const attnx_kernels *kt = NULL;
+        char what[64] = "medium rows reference";
+        if (isa) {
+            if (!dots || !dots->name) return;
+            const attnx_dots *d = dots++;
+            if (!d->supported() || !d->kernels->qk_dot_medium) continue;
+            kt = d->kernels;
+            snprintf(what, sizeof what, "medium rows %s", d->name);
+        }
+        begin(isa ? isa : "any", what, isa ? "identical" : "summation");
+        for (int kind = 0; kind < 2; kind++)
+            for (int nq = 1; nq <= 9; nq += 2)
+                for (int nk = 1; nk <= 300; nk += (nk < 12 ? 1 : 47))
+                    for (int D = 1; D <= 130; D += (D < 40 ? 13 : 31)) {
+                        const int Dv = 32 * (1 + (nk + D) % 4);
+                        for (int special = 0; special < (isa ? 2 : 1); special++) {
+                            medium_rows_case c = medium_rows_make(kind, nq, nk, D, Dv, special);
+                            if (isa)
+                                medium_rows_compare(kt, &c, (nk + nq) % 2);
+                            else
+                                medium_rows_reference(&c);
+                            medium_rows_free(&c);
+                        }
+                    }
+        end();
+        if (!isa) return;
+    }
+}
+
 /* The bfloat16 dot products' and the tiles' peak kernels (each of the
  * instruction set's bfloat16 dot products that run here): flops counted
  * as their contract says, and the exact sums of their chains (every step
@@ -1685,6 +1864,7 @@ int main(void)
     test_split_reference();
     test_medium_reference();
     test_round(NULL);
+    test_medium_rows(NULL);
     test_i8("scalar", &attnx_kernels_scalar);
     for (int s = 0; s < attnx_isa_count(); s++) {
         const char *isa = attnx_isa_name_at(s);
@@ -1719,6 +1899,7 @@ int main(void)
         test_fma_burn(isa, kt);
         test_dot_burns(isa);
         test_round(isa);
+        test_medium_rows(isa);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
     printf("%d passed, %d failed\n", passed, failed);
