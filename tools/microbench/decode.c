@@ -1,12 +1,15 @@
 #define _GNU_SOURCE
 /* attnx_forward() decoding with no Python: one query row per query head,
  * Hq = Hk * G (grouped-query attention with G rows a key/value head), float32
- * keys and values (or int8 with a float32 scale a row: INT8=1) read once a
- * call. Reports the median and best read speed of K and V (and the scales)
- * over the calls.
- *   decode Hk G Lk D threads          (B = 1, Lq = 1)   REPS=n (default 50), HUGE=1, INT8=1 */
+ * keys and values (or int8 with a float32 scale a row: INT8=1; bfloat16:
+ * BF16=1) read once a call, under precision "highest" (or "medium": MEDIUM=1).
+ * Reports the median and best read speed of K and V (and the scales) over
+ * the calls.
+ *   decode Hk G Lk D threads   (B = 1, Lq = 1)   REPS=n (default 50), HUGE=1, INT8=1, BF16=1,
+ * MEDIUM=1 */
 #include "attnx.h"
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +73,21 @@ int main(int argc, char **argv)
         p.k8 = (attnx_i8_tensor){k8, nkv, (int64_t)Lk * D, D, ks, nrow, Lk, 1};
         p.v8 = (attnx_i8_tensor){v8, nkv, (int64_t)Lk * D, D, vs, nrow, Lk, 1};
     }
+    const int bf16 = !int8 && getenv("BF16") && atoi(getenv("BF16"));
+    if (bf16) { /* the float32 values cut to their top halves */
+        uint16_t *kb = (uint16_t *)alloc(2 * nkv), *vb = (uint16_t *)alloc(2 * nkv);
+        for (size_t i = 0; i < nkv; i++) {
+            uint32_t a, b;
+            memcpy(&a, k + i, 4);
+            memcpy(&b, v + i, 4);
+            kb[i] = (uint16_t)(a >> 16);
+            vb[i] = (uint16_t)(b >> 16);
+        }
+        p.half_format = ATTNX_HALF_BF16;
+        p.k16 = (attnx_half_tensor){kb, (int64_t)nkv, (int64_t)Lk * D, D};
+        p.v16 = (attnx_half_tensor){vb, (int64_t)nkv, (int64_t)Lk * D, D};
+    }
+    if (getenv("MEDIUM") && atoi(getenv("MEDIUM"))) p.precision = ATTNX_PRECISION_MEDIUM;
     const int reps = getenv("REPS") ? atoi(getenv("REPS")) : 50;
     double *t = malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));
     for (int r = 0; r < reps; r++) {
@@ -78,7 +96,9 @@ int main(int argc, char **argv)
         t[r] = now() - t0;
     }
     qsort(t, (size_t)reps, sizeof *t, by_value);
-    const double bytes = int8 ? 2.0 * (double)nkv + 8.0 * Hk * Lk : 8.0 * (double)nkv;
+    const double bytes = int8   ? 2.0 * (double)nkv + 8.0 * Hk * Lk
+                         : bf16 ? 4.0 * (double)nkv
+                                : 8.0 * (double)nkv;
     printf("Hk=%d G=%d Lk=%d D=%d T=%d: median %.1f GB/s, best %.1f GB/s\n", Hk, G, Lk, D, T,
            bytes / t[reps / 2] / 1e9, bytes / t[0] / 1e9);
     return 0;

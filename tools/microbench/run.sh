@@ -5,7 +5,7 @@
 #   tools/microbench/run.sh forward L D T H [c]  the whole forward pass (BWD=1: backward;
 #                                                AB=1: AMX tiles against FMAs, one process)
 #   tools/microbench/run.sh tile-decode D NQ [kind]  the decoding tile (kind 0/1/2/3: f32/f16/bf16/int8)
-#   tools/microbench/run.sh decode Hk G Lk D T   decoding (G query rows a KV head), GB/s (INT8=1: int8)
+#   tools/microbench/run.sh decode Hk G Lk D T   decoding (G query rows a KV head), GB/s (INT8=1: int8, BF16=1: bfloat16; MEDIUM=1)
 #   tools/microbench/run.sh read BYTES T         read bandwidth of T threads (the roofline;
 #                                                CFLAGS="-DFMAS=n": n FMAs on every line read)
 # CFLAGS passes -D options through (e.g. CFLAGS="-DNT=32" or "-DATTNX_BK=64").
