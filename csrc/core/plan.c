@@ -71,8 +71,7 @@ attnx_run attnx_run_of(const attnx_problem *p)
     const int cache = p->k8.data || (p->k16.data && p->half_format == ATTNX_HALF_BF16);
     r.dot_medium =
         p->precision == ATTNX_PRECISION_MEDIUM && r.kt->qk_dot_medium && cache && p->D >= 2;
-    r.dot_medium_pv = r.dot_medium && p->Dv > 0 && p->Dv % 32 == 0 &&
-                      (p->v8.data || (p->v16.data && p->half_format == ATTNX_HALF_BF16));
+    r.dot_medium_pv = r.dot_medium && p->Dv > 0 && p->Dv % 32 == 0; /* v8, v16 with k8, k16 */
     return r;
 }
 

@@ -413,9 +413,8 @@ void attnx_pv_rows_medium_scalar(int kind, const float *pt, int64_t ldk, int nq,
             for (int j = 0; j < nk; j += 2) { /* a pair of keys, the odd one first (0 past nk) */
                 uint16_t p[2] = {0, 0}, x[2] = {0, 0};
                 for (int t = 0; t < 2 && j + t < nk; t++) {
-                    const float s = scale_v ? scale_v[(j + t) * s_sl] : 1.0f;
-                    p[t] =
-                        attnx_bf16_round(scale_v ? pt[i * ldk + j + t] * s : pt[i * ldk + j + t]);
+                    const float pj = pt[i * ldk + j + t];
+                    p[t] = attnx_bf16_round(scale_v ? pj * scale_v[(j + t) * s_sl] : pj);
                     x[t] = medium_elem(kind, (const char *)v + (j + t) * row, d);
                 }
                 a = attnx_dp_fma(p[1], x[1], a);
