@@ -146,18 +146,25 @@ def _demo() -> int:
 
 def _kv_divergence(args: argparse.Namespace) -> int:
     """``python -m attnx kv-divergence``: a table of each cache dtype's KL and top-1."""
+    # the arguments first: importing torch and transformers takes seconds
+    from ._kvcache import CACHE_DTYPES
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for d in dtypes or [""]:
+        if d not in CACHE_DTYPES:
+            raise ValueError(f"--dtypes: each must be one of {', '.join(CACHE_DTYPES)}; "
+                             f"got {d!r}")
+    if args.gguf is not None and not os.path.isfile(args.gguf):
+        raise OSError(f"--gguf: no such file: {args.gguf}")
+    if args.gguf is None and not os.path.isdir(args.model):
+        raise OSError(f"--model: no such directory: {args.model} (a local model directory; "
+                      f"nothing is downloaded)")
+    with open(args.text, encoding="utf-8") as f:
+        text = f.read()
     try:
         from .integrations._divergence import cache_divergence, load_model
     except ImportError as e:
         raise MissingExtra(f"kv-divergence needs torch and transformers (pip install "
                            f"'attnx[transformers]'): {e}") from None
-    from .integrations._cache import DTYPES
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    for d in dtypes or [""]:
-        if d not in DTYPES:
-            raise ValueError(f"--dtypes: each must be one of {', '.join(DTYPES)}; got {d!r}")
-    with open(args.text, encoding="utf-8") as f:
-        text = f.read()
     model, tok = load_model(args.gguf or args.model, gguf=args.gguf is not None)
     ids = tok(text, return_tensors="pt").input_ids
     res = cache_divergence(model, ids, args.prefill, args.steps, dtypes)

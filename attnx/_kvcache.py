@@ -16,6 +16,11 @@ from ._variants import NO_VARIANTS
 
 __all__ = ["KVCache"]
 
+#: The cache dtypes by name, int8 first (transformers' AttnxCache and
+#: ``python -m attnx kv-divergence`` read this list; the CLI checks ``--dtypes``
+#: against it before it imports torch).
+CACHE_DTYPES = ("int8", "bfloat16", "float16", "float32")
+
 
 def _cache_dtype(dtype: object) -> np.dtype[Any]:
     """The cache's dtype: float32, float16, bfloat16 (ml_dtypes', also as

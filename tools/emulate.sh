@@ -13,8 +13,8 @@
 # real kernels instead, and ATTNX_BF16_DOTS=amx_emulated needs no emulated
 # build (amx_emulated.c is in every x86-64 build).
 #
-#   tools/emulate.sh           build, run 1 and 2
-#   tools/emulate.sh --c-only  1 alone
+#   tools/emulate.sh           build the extension, run 1 on its objects, then 2
+#   tools/emulate.sh --c-only  1 alone (the C tests compile the core themselves)
 # (here, 2026-11-28, AVX2 EPYC: 1 ~180 s, the build of 2 ~190 s, each pytest run ~30 s)
 # Environment:
 #   ATTNX_EMULATE_SIMDE   SIMDe's include directory (default: the simde-py
@@ -38,20 +38,27 @@ mkdir -p "$tree"
 (cd "$src" && tar cf - --exclude=.git --exclude=build --exclude='*.so' --exclude='*.egg-info' \
     --exclude=__pycache__ --exclude=.pytest_cache --exclude=.hypothesis .) | (cd "$tree" && tar xf -)
 
-if [[ ${ATTNX_EMULATE_C_CASES:-40} != 0 ]]; then
+c_tests() {   # c_tests [OBJECTS]: tests/c/run.sh on SIMDe, on those objects if given
+    [[ ${ATTNX_EMULATE_C_CASES:-40} != 0 ]] || return 0
     echo "== C tests, AVX-512 on SIMDe and the tile model"
-    t0=$SECONDS
-    CFLAGS="$flags" "$tree/tests/c/run.sh" cc "${ATTNX_EMULATE_C_CASES:-40}"
+    local t0=$SECONDS
+    CFLAGS="$flags" ATTNX_C_OBJECTS=${1:-} "$tree/tests/c/run.sh" cc "${ATTNX_EMULATE_C_CASES:-40}"
     echo "   $((SECONDS - t0)) s"
+}
+if [[ ${1:-} == --c-only ]]; then
+    c_tests
+    exit 0
 fi
 
-[[ ${1:-} == --c-only ]] && exit 0
-
+# the extension first, with the C tests' hooks (inert in it), so that the C
+# tests link its objects instead of compiling the core a second time (on
+# SIMDe, minutes)
 echo "== building the emulated extension in $tree"
 t0=$SECONDS
-(cd "$tree" && ATTNX_EXTRA_CFLAGS="$flags" python setup.py -q build_ext --inplace \
+(cd "$tree" && ATTNX_EXTRA_CFLAGS="$flags -DATTNX_TEST_HOOKS" python setup.py -q build_ext --inplace \
     >"$work/build.log" 2>&1) || { cat "$work/build.log"; echo "emulate: build failed" >&2; exit 1; }
 echo "   built in $((SECONDS - t0)) s"
+c_tests "$(ls -d "$tree"/build/temp.*)"
 
 run() {   # run DOTS COMMAND...: in the emulated tree, AVX-512 with those dot products
     local dots=$1

@@ -21,8 +21,8 @@
 #   ATTNX_SANITIZE_ISAS  instruction sets to run (default: scalar avx2 avx512,
 #                        those the CPU has)
 #   ATTNX_SANITIZE_FULL  "all": the whole suite on every ISA; default: the whole
-#                        suite (but the files of not_c below, which reach no C
-#                        code of their own) on the best ISA (the last one run) and, on the
+#                        suite (but the files of tools/tests_without_c.txt, which
+#                        reach no C code of their own) on the best ISA (the last one run) and, on the
 #                        others, the files whose code paths depend on the ISA
 #                        (ATTNX_SANITIZE_SUBSET; the suite under ASan takes
 #                        ~4 min an ISA here, mostly the hypothesis tests)
@@ -67,7 +67,9 @@ mkdir -p "$tree" "$logs"
 
 echo "== building the sanitized extension in $tree"
 t0=$SECONDS
-(cd "$tree" && CC=$CC ATTNX_EXTRA_CFLAGS="$SAN_CFLAGS" ATTNX_EXTRA_LDFLAGS="$SAN_LDFLAGS" \
+# (with the C tests' hooks, inert in the extension: the C tests below link
+# these objects instead of compiling the core again)
+(cd "$tree" && CC=$CC ATTNX_EXTRA_CFLAGS="$SAN_CFLAGS -DATTNX_TEST_HOOKS" ATTNX_EXTRA_LDFLAGS="$SAN_LDFLAGS" \
     python setup.py -q build_ext --inplace >"$work/build.log" 2>&1) \
     || { cat "$work/build.log"; echo "sanitize: build failed" >&2; exit 1; }
 fi
@@ -134,8 +136,9 @@ check_logs() {   # any report file means a sanitizer spoke, even in a child
 if [[ ${ATTNX_SANITIZE_C_CASES:-60} != 0 ]]; then
 echo "== C core tests under ASan+UBSan (leak detection on)"
 t0=$SECONDS
+objects=$(ls -d "$tree"/build/temp.*)
 ASAN_OPTIONS="detect_leaks=1:$common" UBSAN_OPTIONS="$ubsan" \
-    CFLAGS="$SAN_CFLAGS" LDFLAGS="$SAN_LDFLAGS" \
+    CFLAGS="$SAN_CFLAGS" LDFLAGS="$SAN_LDFLAGS" ATTNX_C_OBJECTS=$objects \
     "$tree/tests/c/run.sh" "$CC" "${ATTNX_SANITIZE_C_CASES:-60}" || { check_logs "the C core tests"; exit 1; }
 check_logs "the C core tests"
 echo "   $((SECONDS - t0)) s"
@@ -158,15 +161,10 @@ default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengt
     tests/test_variant_options.py tests/test_varlen.py tests/test_kvcache.py
     tests/test_variants_torch.py tests/test_bfloat16.py tests/test_mask_grad.py
     tests/test_paged.py tests/test_kvcache_int8.py tests/test_block_masks.py"
-# the files the whole-suite run leaves out: they reach no C code that the
-# others do not (builds of the extension, notebooks and the newcomer's venv in
-# child processes, mypy, the benchmark's tables and plots), and take minutes
-# under the sanitizers (ATTNX_SANITIZE_FULL=all runs them too)
-not_c="tests/test_build.py tests/test_notebooks.py tests/test_newcomer.py tests/test_typing.py
-    tests/test_bench_docs.py tests/test_bench_plot.py tests/test_plot.py"
+# the files the whole-suite run leaves out (ATTNX_SANITIZE_FULL=all runs them too)
 ignored=()
-for f in $not_c; do
-    [[ -e $tree/$f ]] || { echo "sanitize: $f (not_c) does not exist" >&2; exit 1; }
+for f in $(sed '/^#/d' "$tree/tools/tests_without_c.txt"); do
+    [[ -e $tree/$f ]] || { echo "sanitize: $f (tools/tests_without_c.txt) does not exist" >&2; exit 1; }
     ignored+=("--ignore=$f")
 done
 subset=()

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .._kvcache import CACHE_DTYPES as DTYPES
 from .._kvcache import KVCache, _cache_dtype
 
-DTYPES = ("int8", "bfloat16", "float16", "float32")
 
 
 def _buffers(c: KVCache) -> List[np.ndarray]:

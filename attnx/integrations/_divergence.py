@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-from ._cache import DTYPES, AttnxCache
+from .._kvcache import CACHE_DTYPES as DTYPES
+from ._cache import AttnxCache
 
 
 def _cache_kw(model: Any) -> str:
@@ -93,7 +94,8 @@ def cache_divergence(model: Any, input_ids: Any, prefill: int = 256, steps: int 
 def load_model(model: str, gguf: bool) -> Any:
     """A causal LM and its tokenizer from a local directory (``from_pretrained``
     without the network) or a GGUF file (needs the gguf and accelerate
-    packages), float32, with attnx's attention."""
+    packages), float32, with attnx's attention. The path is there: the CLI
+    checks it before it imports torch."""
     import transformers
 
     from .transformers import register
@@ -101,12 +103,7 @@ def load_model(model: str, gguf: bool) -> Any:
     kw: Dict[str, Any] = dict(local_files_only=True)
     where = model
     if gguf:
-        if not os.path.isfile(model):
-            raise OSError(f"--gguf: no such file: {model}")
         where, kw["gguf_file"] = os.path.dirname(os.path.abspath(model)), os.path.basename(model)
-    elif not os.path.isdir(model):
-        raise OSError(f"--model: no such directory: {model} (a local model directory; "
-                      f"nothing is downloaded)")
     try:
         lm = transformers.AutoModelForCausalLM.from_pretrained(
             where, dtype=torch.float32, attn_implementation="attnx", **kw)
