@@ -220,8 +220,8 @@ def scaled_dot_product_attention(
         its max and sums and lse stay float32. A permission, not a demand: a
         CPU without bfloat16 dot products computes "medium" as "highest" (the
         same bits); in this version, one with them takes it in the forward
-        (decoding's few query rows: from bfloat16 and int8 keys and values
-        only) and in the backward's two score-like products (see the
+        (decoding's few query rows: from bfloat16, int8 and float16 keys and
+        values only) and in the backward's two score-like products (see the
         Precision guide). Other values raise ValueError.
     need_weights : bool
         Also return the attention weights, (B..., Hq, Lq, Lk), float32.

@@ -80,7 +80,13 @@ def test_paged_gives_the_bits_of_gathered_keys(isa, rng, bs, dtype, opts):
                                      return_lse=True, **opts)
     finally:
         attnx.set_num_threads(previous)
-    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    if opts.get("precision") == "medium" and _attnx.bf16_dots() is not None:
+        # with bfloat16 dot products a paged prefill stays "highest" where the
+        # gathered call rounds its float32 queries (the precision guide)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, atol=2e-2, rtol=2e-2)
+    else:
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert np.array_equal(kp, kp0) and np.array_equal(vp, vp0) and np.array_equal(table, t0)
 
 

@@ -212,14 +212,14 @@ def test_medium_backward_recomputes_the_forwards_scores(rng, is_causal, threads)
     assert same == [_attnx.bf16_dots() is None] * 4
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "float16"])
 @pytest.mark.parametrize("rows, D", [(1, 64), (4, 128), (3, 40)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_medium_decoding_from_bfloat16_and_int8_caches(rng, dtype, rows, D, threads):
-    """Decoding under "medium" from a bfloat16 or int8 cache, where the CPU
-    has bfloat16 dot products: the queries rounded, Q·Kᵀ and P·V (P rounded)
-    on them over the cache read in place (D=40: Q·Kᵀ alone, on a short last
-    chunk of dims). Against "highest" on the same cache, its extra error is
+def test_medium_decoding_from_16_bit_and_int8_caches(rng, dtype, rows, D, threads):
+    """Decoding under "medium" from a bfloat16, int8 or float16 cache, where
+    the CPU has bfloat16 dot products: the queries rounded, Q·Kᵀ and P·V (P
+    and float16 values rounded) over the cache read in place (D=40: Q·Kᵀ
+    alone, on a short last chunk of dims). Against "highest" on the same cache, its extra error is
     within 1.25x torch bfloat16 SDPA's against float64 on the appended
     arrays; the weights' two passes agree with it; several tiles of keys and
     a GQA group of rows. Without those dot products, "highest"'s bits."""
@@ -282,7 +282,7 @@ def _medium_close(medium, highest, what):
     assert np.array_equal(medium, highest) == (_attnx.bf16_dots() is None), what
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "float16"])
 def test_medium_decoding_variants(rng, dtype):
     """Decoding a cache under "medium" with each variant that shapes the
     scores or the rows (a window whose first key is odd, sinks, softcap,
@@ -314,7 +314,7 @@ def test_medium_decoding_variants(rng, dtype):
     _medium_close(cache.attend(q, precision="medium"), cache.attend(q), "lengths")
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "float16"])
 @pytest.mark.parametrize("block_size", [1, 16, 48])
 def test_medium_decoding_from_pages(rng, dtype, block_size):
     """varlen_attention over pages in a random order under "medium": decoding
@@ -330,7 +330,8 @@ def test_medium_decoding_from_pages(rng, dtype, block_size):
     if dtype == "int8":
         key, value = quantize_rows(kf, "k"), quantize_rows(vf, "v")
     else:
-        key, value = kf.astype(ml_dtypes.bfloat16), vf.astype(ml_dtypes.bfloat16)
+        key, value = (a.astype(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
+                      for a in (kf, vf))
     table = random_page_table(rng, need, NB)
     cu_q, cu_k = np.cumsum([0] + lq), np.cumsum([0] + lens)
     q = rng.standard_normal((sum(lq), Hq, E)).astype(np.float32)

@@ -71,7 +71,7 @@ static int64_t page_run(const attnx_problem *p, int64_t j, int64_t end)
 
 /* A run of "medium" decoding's cache rows within one page: keys (values)
  * at .. at+n-1 of the item's head, their row stride, their scales (int8:
- * the address and stride; bfloat16: NULL) and their kind (attnx_medium_rows). */
+ * the address and stride; 16-bit rows: NULL) and their kind (attnx_medium_rows). */
 typedef struct {
     const void *rows;
     const float *scale;
@@ -96,6 +96,7 @@ static medium_run medium_run_at(const attnx_problem *p, const item_view *it, int
     const attnx_half_tensor *t = values ? &p->v16 : &p->k16;
     r.rows = t->data + kv_offset(p, t->sb, t->sh, t->sl, it->b, it->hk, j);
     r.sl = t->sl;
+    if (p->half_format == ATTNX_HALF_F16) r.kind = ATTNX_MEDIUM_F16;
     return r;
 }
 

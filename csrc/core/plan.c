@@ -65,10 +65,13 @@ attnx_run attnx_run_of(const attnx_problem *p)
     }
     /* "medium" rounds every block of such a call, its last short one too */
     r.tiles_only = r.pv_medium && p->Lq > r.kt->dot_max_nq;
-    /* "medium" decoding from a bfloat16 or int8 cache (the rows of blocks
-     * with few queries: decoding, or any call whose blocks all take qk_dot):
-     * the queries' pairs fit in the space of their floats (D >= 2) */
-    const int cache = p->k8.data || (p->k16.data && p->half_format == ATTNX_HALF_BF16);
+    /* "medium" decoding from a bfloat16, float16 or int8 cache (the rows of
+     * blocks with few queries: decoding, or any call whose blocks all take
+     * qk_dot): the queries' pairs fit in the space of their floats (D >= 2).
+     * A float32 cache stays on the FMAs: rounded as it is read, a value past
+     * bfloat16's largest would become inf, and only a pass over the cache
+     * could tell (the forward's float32 inputs are checked as they are packed) */
+    const int cache = p->k8.data || p->k16.data;
     r.dot_medium =
         p->precision == ATTNX_PRECISION_MEDIUM && r.kt->qk_dot_medium && cache && p->D >= 2;
     r.dot_medium_pv = r.dot_medium && p->Dv > 0 && p->Dv % 32 == 0; /* v8, v16 with k8, k16 */

@@ -226,7 +226,8 @@ void attnx_round_pairs_avx512(float *xt, int64_t ldx, int nx, int64_t n)
 /* ---- decoding under precision "medium" (kernels.h: qk_dot_medium, pv_rows_medium) ----
  * Rows of bfloat16 values are read as they are, 32 a vector; rows of int8
  * values are widened to float32 (exact) and their top halves taken: the
- * bfloat16 of an int8 value, exact too. */
+ * bfloat16 of an int8 value, exact too; rows of float16 values are widened
+ * (exact) and rounded to bfloat16 (bf16_words). */
 static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
                                        23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
                                        45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
@@ -234,10 +235,28 @@ static const uint16_t even_words[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 
                                         22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
                                         44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
 
+/* 32 float32 values (lo: the first 16, hi: the next) rounded to bfloat16
+ * words, in order: vcvtne2ps2bf16, to nearest even, a NaN quiet. Its DAZ
+ * (a float32 subnormal becomes 0) never acts on a widened float16, which is
+ * never a float32 subnormal, so on these values it gives attnx_bf16_round's
+ * bits; the emulated build takes them from bf16_round_avx512's integer steps. */
+BF_INLINE __m512i bf16_words(__m512 lo, __m512 hi)
+{
+#if defined(ATTNX_EMULATE_AVX512)
+    return _mm512_permutex2var_epi16(bf16_round_avx512(lo), _mm512_loadu_si512(even_words),
+                                     bf16_round_avx512(hi));
+#else
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+#endif
+}
+
 /* 32 elements of a row at x (kind: attnx_medium_rows) as bfloat16 words, in order. */
 BF_INLINE __m512i medium_load(const void *x, const int kind)
 {
-    if (kind != ATTNX_MEDIUM_I8) return _mm512_loadu_si512(x);
+    if (kind == ATTNX_MEDIUM_BF16) return _mm512_loadu_si512(x);
+    if (kind == ATTNX_MEDIUM_F16)
+        return bf16_words(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x)),
+                          _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x + 1)));
     const __m256i b = _mm256_loadu_si256((const __m256i *)x);
     const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
     const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));

@@ -40,8 +40,9 @@
 #define ATTNX_ROUND16(n) (((n) + 15) / 16 * 16)
 
 /* What the rows of a "medium" decoding kernel hold (qk_dot_medium,
- * pv_rows_medium): bfloat16 values, or int8 values with a scale a row. */
-typedef enum { ATTNX_MEDIUM_BF16 = 0, ATTNX_MEDIUM_I8 } attnx_medium_rows;
+ * pv_rows_medium): bfloat16 values, int8 values with a scale a row, or
+ * float16 values (rounded to bfloat16 as they are read). */
+typedef enum { ATTNX_MEDIUM_BF16 = 0, ATTNX_MEDIUM_I8, ATTNX_MEDIUM_F16 } attnx_medium_rows;
 /* qk_dot_medium's and pv_rows_medium's declarations, of the reference
  * (s = scalar) and of each instruction set's kernels */
 #define ATTNX_MEDIUM_ROWS_KERNELS(s)                                                               \
@@ -265,11 +266,13 @@ typedef struct attnx_kernels {
     void (*round_pairs)(float *xt, int64_t ldx, int nx, int64_t n);
 
     /* Decoding under precision "medium" (NULL without bfloat16 dot
-     * products): few query rows against a bfloat16 or int8 cache read in
-     * place (kind: attnx_medium_rows), with vdpbf16ps; the references
+     * products): few query rows against a bfloat16, int8 or float16 cache
+     * read in place (kind: attnx_medium_rows), with vdpbf16ps; the references
      * attnx_qk_dot_medium_scalar and attnx_pv_rows_medium_scalar, whose bits
      * they give. A key or value of an int8 row is its int8 value, exact in
-     * bfloat16; scale[j*s_sl] is that row's scale (NULL for bfloat16 rows).
+     * bfloat16, and of a float16 row its value rounded to bfloat16
+     * (attnx_bf16_round); scale[j*s_sl] is an int8 row's scale (NULL for
+     * the others).
      * qk_dot_medium: the rows' queries rounded to bfloat16 pairs (round_rows
      * into rows of ldp words, 0 past D) against the keys, decoding's tile:
      *   st[i*ldk + j] = hsum16(a) * (scale · s_j)    (s_j = scale[j*s_sl], or 1)

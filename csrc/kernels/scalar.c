@@ -363,11 +363,12 @@ void attnx_round_pairs_scalar(float *xt, int64_t ldx, int nx, int64_t n)
 }
 
 /* Element e of a "medium" decoding row (attnx_medium_rows) in bfloat16:
- * a bfloat16 value as it is, an int8 value exactly. */
+ * a bfloat16 value as it is, an int8 value exactly, a float16 value rounded. */
 static uint16_t medium_elem(int kind, const void *row, int64_t e)
 {
-    return kind == ATTNX_MEDIUM_I8 ? attnx_bf16_round((float)((const int8_t *)row)[e])
-                                   : ((const uint16_t *)row)[e];
+    if (kind == ATTNX_MEDIUM_I8) return attnx_bf16_round((float)((const int8_t *)row)[e]);
+    const uint16_t h = ((const uint16_t *)row)[e];
+    return kind == ATTNX_MEDIUM_F16 ? attnx_bf16_round(attnx_half_to_float(h)) : h;
 }
 
 /* The elements of a "medium" decoding row: 1 or 2 bytes. */

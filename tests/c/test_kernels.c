@@ -1610,10 +1610,12 @@ static medium_rows_case medium_rows_make(int kind, int nq, int nk, int D, int Dv
         c.k = k;
         c.scale = malloc(sizeof(float) * (size_t)(2 * nk + 1));
         for (int j = 0; j < 2 * nk + 1; j++) c.scale[j] = (float)(urand() * 0.05 + 1e-3);
-    } else {
+    } else { /* 16-bit rows: any bits (special), or small values */
+        const int f16 = kind == ATTNX_MEDIUM_F16;
         uint16_t *k = malloc(2 * n);
         for (size_t e = 0; e < n; e++)
-            k[e] = special ? random_bf16(1) : small_half(ATTNX_HALF_BF16);
+            k[e] = special ? (f16 ? random_half() : random_bf16(1))
+                           : small_half(f16 ? ATTNX_HALF_F16 : ATTNX_HALF_BF16);
         c.k = k;
     }
     c.pt = malloc(sizeof(float) * (size_t)(nq * c.ldk));
@@ -1629,11 +1631,13 @@ static void medium_rows_free(medium_rows_case *c)
     free(c->pt);
 }
 
-/* Element e of row j of the case's keys or values, as a double. */
+/* Element e of row j of the case's keys or values, as the kernels take it
+ * (a float16 value rounded to bfloat16), as a double. */
 static double medium_rows_at(const medium_rows_case *c, int j, int e)
 {
-    return c->kind == ATTNX_MEDIUM_I8 ? (double)((const int8_t *)c->k)[j * c->k_sl + e]
-                                      : bf16_value(((const uint16_t *)c->k)[j * c->k_sl + e]);
+    if (c->kind == ATTNX_MEDIUM_I8) return (double)((const int8_t *)c->k)[j * c->k_sl + e];
+    const uint16_t h = ((const uint16_t *)c->k)[j * c->k_sl + e];
+    return bf16_value(c->kind == ATTNX_MEDIUM_F16 ? attnx_bf16_round(attnx_half_to_float(h)) : h);
 }
 
 static void medium_rows_reference(const medium_rows_case *c)
@@ -1732,7 +1736,7 @@ static void test_medium_rows(const char *isa)
             snprintf(what, sizeof what, "medium rows %s", d->name);
         }
         begin(isa ? isa : "any", what, isa ? "identical" : "summation");
-        for (int kind = 0; kind < 2; kind++)
+        for (int kind = ATTNX_MEDIUM_BF16; kind <= ATTNX_MEDIUM_F16; kind++)
             for (int nq = 1; nq <= 9; nq += 2)
                 for (int nk = 1; nk <= 300; nk += (nk < 12 ? 1 : 47))
                     for (int D = 1; D <= 130; D += (D < 40 ? 13 : 31)) {
