@@ -123,9 +123,9 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
     float32 call) are timed interleaved in one round, so that the ratios
     between the caches are of the same moments of a shared machine.
     (On AMD EPYC Zen 5, 2 threads, over 512 MiB: NumPy's maximum as uint32
-    or float32 67-69 GB/s, float32 add 38, torch's sum 81.) The bfloat16 and
-    int8 caches are read under precision="medium" too, in the same rounds:
-    a row each, with vs_highest (against the same cache's call) and, for
+    or float32 67-69 GB/s, float32 add 38, torch's sum 81.) The float16,
+    bfloat16 and int8 caches are read under precision="medium" too, in the
+    same rounds: a row each, with vs_highest (against the same cache's call) and, for
     int8, vs_bfloat16_cache against the bfloat16 cache under "highest"."""
     attnx = ctx.attnx
     attnx.set_num_threads(ctx.threads)
@@ -166,8 +166,8 @@ def decode(ctx: Context, Lk: int, Hq: int, Hk: int, D: int) -> List[Row]:
             k, v, scales = k32.astype(dt), v32.astype(dt), ()
             fns += [partial(attnx.scaled_dot_product_attention, q, k, v, enable_gqa=Hq != Hk),
                     partial(read_all, k, v, ctx.threads)]
-            if np.dtype(dt).name == "bfloat16":
-                medium_at["bfloat16"] = len(fns)
+            if np.dtype(dt).name in ("bfloat16", "float16"):
+                medium_at[np.dtype(dt).name] = len(fns)
                 fns.append(partial(attnx.scaled_dot_product_attention, q, k, v,
                                    enable_gqa=Hq != Hk, precision="medium"))
         if ctx.torch and dt == np.float32:
