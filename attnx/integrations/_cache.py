@@ -24,7 +24,6 @@ from .._kvcache import CACHE_DTYPES as DTYPES
 from .._kvcache import KVCache, _cache_dtype
 
 
-
 def _buffers(c: KVCache) -> List[np.ndarray]:
     """A cache's arrays along (batch, heads, tokens): k, v, and an int8 cache's
     scales and key centres (k_center: one row a sequence)."""
