@@ -248,16 +248,19 @@ def test_medium_decoding_from_16_bit_and_int8_caches(rng, dtype, rows, D, thread
     assert np.array_equal(highest, medium) == (_attnx.bf16_dots() is None)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_medium_decoding_rows_and_their_backward(rng, threads):
-    """A few float32 query rows against bfloat16 keys and values under
-    "medium": the forward rounds the queries (decoding's kernels), the
-    backward recomputes the scores from the float32 queries, against the
-    forward's lse. Outputs and gradients within 1.25x torch bfloat16 SDPA's
-    error against float64; without bfloat16 dot products, "highest"'s bits."""
+def test_medium_decoding_rows_and_their_backward(rng, dtype, threads):
+    """A few float32 query rows against bfloat16 (float16) keys and values
+    under "medium": the forward rounds the queries (and float16 keys and
+    values: decoding's kernels), the backward recomputes the scores from the
+    float32 queries and the keys as given, against the forward's lse. Outputs
+    and gradients within 1.25x torch bfloat16 SDPA's error against float64
+    (float16, emulated, 4 draws: out 0.73-1.10x, dq, dk, dv 0.07-0.26x);
+    without bfloat16 dot products, "highest"'s bits."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     q, k, v = _qkv(rng, Hq=8, Hk=2, Lq=4, Lk=333, D=64)
-    k, v = (a.astype(ml_dtypes.bfloat16) for a in (k, v))
+    k, v = (a.astype(np.float16 if dtype == "float16" else ml_dtypes.bfloat16) for a in (k, v))
     k32, v32 = (a.astype(np.float32) for a in (k, v))
     dout = rng.standard_normal(q.shape).astype(np.float32)
     torch_errs, ref, grads = _torch_bf16_errors(q, k32, v32, dout)
