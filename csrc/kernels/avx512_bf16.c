@@ -18,7 +18,8 @@
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512bf16")
 #endif
 #include <immintrin.h>
-#define ATTNX_AS_BF16(x) ((__m512bh)(x)) /* 32-bit pairs as vdpbf16ps's operand */
+#define ATTNX_AS_BF16(x) ((__m512bh)(x))  /* 32-bit pairs as vdpbf16ps's operand */
+#define ATTNX_FROM_BF16(x) ((__m512i)(x)) /* and back */
 #endif
 
 #include "kernels/bf16_avx512.h"
@@ -239,15 +240,10 @@ static const uint16_t even_words[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 
  * words, in order: vcvtne2ps2bf16, to nearest even, a NaN quiet. Its DAZ
  * (a float32 subnormal becomes 0) never acts on a widened float16, which is
  * never a float32 subnormal, so on these values it gives attnx_bf16_round's
- * bits; the emulated build takes them from bf16_round_avx512's integer steps. */
+ * bits (the emulated build models the instruction, DAZ included). */
 BF_INLINE __m512i bf16_words(__m512 lo, __m512 hi)
 {
-#if defined(ATTNX_EMULATE_AVX512)
-    return _mm512_permutex2var_epi16(bf16_round_avx512(lo), _mm512_loadu_si512(even_words),
-                                     bf16_round_avx512(hi));
-#else
-    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-#endif
+    return ATTNX_FROM_BF16(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
 /* 32 elements of a row at x (kind: attnx_medium_rows) as bfloat16 words, in order. */

@@ -145,5 +145,31 @@ static inline float attnx_emu_reduce_add_ps(__m512 x)
 #undef _mm512_dpbf16_ps
 #define _mm512_dpbf16_ps(src, a, b) attnx_emu_dpbf16_ps(src, a, b)
 #define ATTNX_AS_BF16(x) (x)
+#define ATTNX_FROM_BF16(x) (x)
+
+/* vcvtne2ps2bf16 as the ISA reference states it, into integer vectors: the
+ * low 16 words from b, the high from a; a NaN quiet (its top half, the quiet
+ * bit set), a subnormal flushed to a zero of its sign (DAZ), else rounded to
+ * nearest even. */
+#undef _mm512_cvtne2ps_pbh
+#define _mm512_cvtne2ps_pbh(a, b) attnx_emu_cvtne2ps_pbh(a, b)
+static inline __m512i attnx_emu_cvtne2ps_pbh(__m512 a, __m512 b)
+{
+    float x[32];
+    uint16_t w[32];
+    _mm512_storeu_ps(x, b);
+    _mm512_storeu_ps(x + 16, a);
+    for (int i = 0; i < 32; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            w[i] = (uint16_t)((u >> 16) | 0x40u);
+        else if ((u & 0x7f800000u) == 0)
+            w[i] = (uint16_t)((u >> 16) & 0x8000u);
+        else
+            w[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return _mm512_loadu_si512(w);
+}
 
 #endif
