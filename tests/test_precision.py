@@ -5,9 +5,10 @@
   naming ``precision`` and its choices (the C core too, for a bad code).
 * Accuracy on every path (each ISA of the ``isa`` fixture, several threads, the
   bfloat16 dot products ATTNX_BF16_DOTS can ask for, after a oneDNN bfloat16
-  matmul on the same thread): against float64, "medium"'s error is at most that
-  of torch's bfloat16 SDPA on the same inputs, outputs and gradients (random
-  upstream gradients), and "highest" meets the float32 bar.
+  matmul on the same thread): against float64, "medium"'s error is at most
+  BAR (1.25) times that of torch's bfloat16 SDPA on the same inputs, outputs
+  and gradients (random upstream gradients), and "highest" meets the float32
+  bar.
 * Where the kernels have no bfloat16 dot products, "medium" is "highest": the
   same bits.
 """
@@ -29,6 +30,10 @@ from attnx import _attnx  # noqa: E402
 from conftest import assert_close, check_vjp, random_page_table  # noqa: E402
 
 CHOICES_WORDS = ('precision must be "highest" or "medium"', "'high'")
+# "medium"'s error against float64 is at most BAR times torch bfloat16 SDPA's on
+# the same inputs (issue 44's bar; the precision guide's promise): both round
+# the same inputs, P and dS to bfloat16, so on one draw either may come out ahead
+BAR = 1.25
 
 
 def _qkv(rng, B=1, Hq=4, Hk=2, Lq=48, Lk=80, D=32, scale=1.0):
@@ -76,13 +81,13 @@ def _both_precisions(q, k, v, dout, threads, **kw):
 
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_medium_is_no_less_accurate_than_torch_bfloat16(isa, rng, is_causal, threads):
+def test_medium_is_within_the_bar_of_torch_bfloat16(isa, rng, is_causal, threads):
     q, k, v = _qkv(rng, Lk=48 if is_causal else 80)
     dout = rng.standard_normal((1, 4, 48, 32)).astype(np.float32)
     torch_errs, (medium, out_m, g_m), (highest, out_h, g_h) = _both_precisions(
         q, k, v, dout, threads, is_causal=is_causal)
     for name, m, t in zip(("out", "dq", "dk", "dv"), medium, torch_errs):
-        assert m <= t, f"{name}: medium's error {m:.3g} > torch bfloat16's {t:.3g}"
+        assert m <= BAR * t, f"{name}: medium's error {m:.3g} > {BAR}x torch bfloat16's {t:.3g}"
     check_vjp(rng, q, k, v, is_causal=is_causal, enable_gqa=True, precision="highest")
     if _attnx.bf16_dots() is None:     # no bfloat16 products here: the same bits
         assert np.array_equal(out_m, out_h)
@@ -91,9 +96,9 @@ def test_medium_is_no_less_accurate_than_torch_bfloat16(isa, rng, is_causal, thr
 
 
 def test_medium_on_bfloat16_inputs_through_attnx_torch(isa, rng):
-    """bfloat16 tensors, forward and backward through attnx.torch: "medium"'s
-    errors are at most torch's bfloat16 SDPA's, against float64 on the same
-    bfloat16 values."""
+    """bfloat16 tensors, forward and backward through attnx.torch: "highest"'s
+    errors are at most torch's bfloat16 SDPA's, "medium"'s at most BAR times,
+    against float64 on the same bfloat16 values."""
     q, k, v = (torch.from_numpy(a).bfloat16() for a in _qkv(rng))
     dout = torch.from_numpy(rng.standard_normal((1, 4, 48, 32)).astype(np.float32)).bfloat16()
     q64, k64, v64, d64 = (t.float().numpy() for t in (q, k, v, dout))
@@ -108,10 +113,10 @@ def test_medium_on_bfloat16_inputs_through_attnx_torch(isa, rng):
             np.abs(t.grad.float().numpy() - g).max() for t, g in zip(ts, grads[:3])]
 
     torch_errs = errors(torch.nn.functional.scaled_dot_product_attention)
-    for precision in ("medium", "highest"):
+    for precision, bar in (("medium", BAR), ("highest", 1.0)):
         mine = errors(attnx.torch.scaled_dot_product_attention, precision=precision)
         for name, m, t in zip(("out", "dq", "dk", "dv"), mine, torch_errs):
-            assert m <= t, f"{precision} {name}: {m:.3g} > torch bfloat16's {t:.3g}"
+            assert m <= bar * t, f"{precision} {name}: {m:.3g} > {bar}x torch bfloat16's {t:.3g}"
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -141,7 +146,7 @@ def test_medium_rounds_p_on_the_bfloat16_dot_path(rng, threads):
     out = torch.nn.functional.scaled_dot_product_attention(*ts, enable_gqa=True)
     torch_err = np.abs(out.float().numpy() - ref).max()
     err = np.abs(medium - ref).max()
-    assert err <= 1.25 * torch_err, f"medium {err:.3g} > 1.25x torch bfloat16's {torch_err:.3g}"
+    assert err <= BAR * torch_err, f"medium {err:.3g} > {BAR}x torch bfloat16's {torch_err:.3g}"
     assert np.abs(highest - ref).max() < 1e-5  # "highest" keeps the float32 bar
 
 
@@ -193,23 +198,62 @@ def test_medium_rounds_float32_inputs_once(rng, case, threads):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_medium_backward_recomputes_the_forwards_scores(rng, is_causal, threads):
+@pytest.mark.parametrize("is_causal, threads, Hq, Hk",
+                         [(False, 1, 4, 2), (True, 2, 4, 2), (False, 2, 8, 1), (True, 1, 8, 1)])
+def test_medium_backward_recomputes_the_forwards_scores(rng, is_causal, threads, Hq, Hk):
     """The backward under "medium", where the CPU has bfloat16 dot products:
     S and dP on them (Q, K, dO and V rounded as the forward rounds them: the
-    forward's scores, so its P), the rest on FMAs. Several slices of keys
-    (Lk past 512), GQA: its gradients differ from "highest"'s, and each is
-    within 1.25x the error of torch's bfloat16 SDPA against float64 (the
-    issue's bar). Without those dot products, "highest"'s bits."""
-    q, k, v = _qkv(rng, Lq=200, Lk=700, D=64)
+    forward's scores, so its P), dV and dK too (P, dS, dO and Q rounded), dQ
+    on FMAs. Several slices of keys (Lk past 512), GQA (8 heads a key head:
+    32 query blocks a key, dK and dV summed in runs): its gradients differ
+    from "highest"'s, and each is within BAR times the error of torch's
+    bfloat16 SDPA against float64. Without those dot products, "highest"'s
+    bits."""
+    q, k, v = _qkv(rng, Hq=Hq, Hk=Hk, Lq=200, Lk=700, D=64)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     torch_errs, (medium, out_m, g_m), (highest, out_h, g_h) = _both_precisions(
         q, k, v, dout, threads, is_causal=is_causal)
     for name, m, t in zip(("out", "dq", "dk", "dv"), medium, torch_errs):
-        assert m <= 1.25 * t, f"{name}: medium's error {m:.3g} > 1.25x torch bfloat16's {t:.3g}"
+        assert m <= BAR * t, f"{name}: medium's error {m:.3g} > {BAR}x torch bfloat16's {t:.3g}"
     same = [np.array_equal(a, b) for a, b in zip((out_m, *g_m[:3]), (out_h, *g_h[:3]))]
     assert same == [_attnx.bf16_dots() is None] * 4
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_medium_backward_rounds_q_and_dout_for_dk_and_dv(rng, threads):
+    """dK = dSᵀ·Q and dV = Pᵀ·dO under "medium", where the CPU has bfloat16
+    dot products, take the rounded rows (kernels.h: ptx_medium): queries and
+    upstream gradients that are powers of two times c = 1 + 15·2⁻¹², which
+    rounds to 1, give the gradient of the rounded rows (a float64 model), not
+    c times it (what float32 products of the rows as given would give: 0.37%
+    apart, against the ~0.1% noise of rounding P and dS). Without those dot
+    products, "highest"'s bits."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    c = np.float32(1 + 15 * 2.0**-12)
+
+    def powers_of_two(shape):
+        return (rng.choice([-1.0, 1.0], shape) * 2.0 ** rng.integers(-2, 2, shape)).astype(np.float32)
+
+    a, b = powers_of_two((1, 4, 96, 32)), powers_of_two((1, 4, 96, 32))
+    k = rng.standard_normal((1, 2, 80, 32)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 80, 32)).astype(np.float32)
+    k16, v16 = (x.astype(ml_dtypes.bfloat16).astype(np.float32) for x in (k, v))
+    model = attnx.reference_backward(b, a, k16, v16, enable_gqa=True)  # the rounded rows
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(threads)
+    try:
+        for name, q, dout, at in (("dk", c * a, b, 1), ("dv", a, c * b, 2)):
+            grads = [attnx.scaled_dot_product_attention_vjp(
+                q, k, v, enable_gqa=True, precision=p)[1](dout) for p in ("medium", "highest")]
+            got, highest = ((g.query, g.key, g.value)[at] for g in grads)
+            if _attnx.bf16_dots() is None:
+                assert np.array_equal(got, highest), name
+                continue
+            near = np.linalg.norm(got - model[at])
+            far = np.linalg.norm(got - c * model[at])
+            assert near < 0.6 * far, f"{name}: {near:.3g} from the rounded rows' model, {far:.3g} from c times it"
+    finally:
+        attnx.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8", "float16"])
@@ -242,7 +286,7 @@ def test_medium_decoding_from_16_bit_and_int8_caches(rng, dtype, rows, D, thread
     ref = attnx.reference(q, k, v, is_causal="lower_right", enable_gqa=True)
     torch_err = np.abs(t.float().numpy() - ref).max()
     err = np.abs(medium - highest).max()
-    assert err <= 1.25 * torch_err, f"medium's error {err:.3g} > 1.25x torch's {torch_err:.3g}"
+    assert err <= BAR * torch_err, f"medium's error {err:.3g} > {BAR}x torch's {torch_err:.3g}"
     np.testing.assert_allclose(out_w, medium, atol=2e-2 * np.abs(medium).max())
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
     assert np.array_equal(highest, medium) == (_attnx.bf16_dots() is None)
@@ -272,7 +316,7 @@ def test_medium_decoding_rows_and_their_backward(rng, dtype, threads):
     finally:
         attnx.set_num_threads(previous)
     for name, m, t in zip(("out", "dq", "dk", "dv"), medium, torch_errs):
-        assert m <= 1.25 * t, f"{name}: medium's error {m:.3g} > 1.25x torch bfloat16's {t:.3g}"
+        assert m <= BAR * t, f"{name}: medium's error {m:.3g} > {BAR}x torch bfloat16's {t:.3g}"
     assert np.array_equal(out_m, out_h) == (_attnx.bf16_dots() is None)
     if _attnx.bf16_dots() is None:
         assert all(np.array_equal(a, b) for a, b in zip(g_m[:3], g_h[:3]))

@@ -1,7 +1,7 @@
 """The errors of each ``precision`` against float64, beside torch's SDPA in
 float32 and in bfloat16 on the same inputs (the table of docs/guide/precision.md).
 
-    python tools/precision_errors.py [--L 1024] [--D 64] [--heads 8]
+    python tools/precision_errors.py [--L 1024] [--D 64] [--heads 8] [--causal] [--seed 0]
 
 Inputs: standard normal float32 q, k, v (B=1), a standard normal upstream
 gradient; each error is the largest absolute difference from attnx.reference
@@ -34,10 +34,11 @@ def medium_emulated(q, k, v, dout, causal):
     design), modelled in float64 with their roundings: q, k, v and the upstream
     gradient rounded to bfloat16 once, the unnormalised probabilities P~ =
     exp(s - max) rounded for P·V (their sum kept unrounded), and in the backward
-    P and dS rounded for the products that take them (dV = P·dO, dQ = dS·K,
-    dK = dS·Q); the softmax, its sums, lse and D = rowsum(dO * O) unrounded.
-    Returns out, dq, dk, dv (float64), to measure the design before the kernels
-    exist on a CPU that has the instructions."""
+    P and dS rounded for dV = Pᵀ·dO and dK = dSᵀ·Q (dQ = dS·K takes dS and the
+    keys as they are: float32 products) and D = rowsum(dO * O) from the rounded
+    dO, as dP = dO·Vᵀ takes it; the softmax, its sums and lse unrounded.
+    Returns out, dq, dk, dv (float64), to measure the design on any CPU (the
+    kernels give these within float32 rounding of their sums)."""
     E = q.shape[-1]
     scale = 1 / np.sqrt(E)
     q16, k16, v16, do16 = bf16(q), bf16(k), bf16(v), bf16(dout)
@@ -51,10 +52,10 @@ def medium_emulated(q, k, v, dout, causal):
     out = np.einsum("bhij,bhjd->bhid", bf16(pt), v16) / l
     p = pt / l                                      # the backward's P, from lse
     dp = np.einsum("bhid,bhjd->bhij", do16, v16)
-    delta = (np.asarray(dout, np.float64) * out).sum(-1, keepdims=True)
+    delta = (do16 * out).sum(-1, keepdims=True)
     ds = p * (dp - delta)
     dv = np.einsum("bhij,bhid->bhjd", bf16(p), do16)
-    dq = np.einsum("bhij,bhje->bhie", bf16(ds), k16) * scale
+    dq = np.einsum("bhij,bhje->bhie", ds, np.asarray(k, np.float64)) * scale
     dk = np.einsum("bhij,bhie->bhje", bf16(ds), q16) * scale
     return out, dq, dk, dv
 
@@ -65,8 +66,9 @@ def main() -> None:
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--seed", type=int, default=0, help="the inputs' draw")
     a = ap.parse_args()
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(a.seed)
     shape = (1, a.heads, a.L, a.D)
     q, k, v, dout = (rng.standard_normal(shape).astype(np.float32) for _ in range(4))
     kw = dict(is_causal=a.causal)

@@ -284,6 +284,9 @@ typedef struct {
      * as the forward rounds them: the same S, so the forward's P) */
     int64_t split_dp, split_dpv;
     int parts;
+    /* with parts 1: dV += Pᵀ dO and dK += dSᵀ Q on the bfloat16 dot products
+     * too (kt->ptx_medium: P, dS, dO and Q rounded; dQ stays on the FMAs) */
+    int ptx_medium;
     /* keys an item takes at a time, a multiple of BK: kchunk, or fewer with
      * split_dp (BWD_SLICE_KEYS) or run sums (BWD_RUN_FLOATS) */
     int64_t kslice;
@@ -337,6 +340,7 @@ typedef struct {
  *                    | kparts (3, kslice + 16, split_dp) | vparts (3, kslice + 16, split_dpv)
  *     with parts 1: qparts (split_dp, BQ) | oparts (split_dpv, BQ) (the rows packed as
  *                    floats, then rounded into pairs in place) | kparts, vparts of 1 part
+ *   | with ptx_medium: qrows (BQ, ldqa) | orows (BQ, ldva) | tbf (BK, BQ) bfloat16
  */
 typedef struct {
     float *qt;     /* (D, BQ)   queries, pre-scaled, transposed */
@@ -357,6 +361,12 @@ typedef struct {
      * values into rows (kt->split_rows), for kt->qk_split */
     uint32_t *qparts, *oparts;
     uint16_t *kparts, *vparts;
+    /* with ptx_medium, else NULL: the block's queries and upstream gradient
+     * (as given, unscaled) rounded into ptx_medium's pairs of rows, and a
+     * tile (P, then dS) rounded to bfloat16 */
+    uint32_t *qrows; /* (BQ, ldqa) floats, rounded in place into (BQ/2, ldqa) pairs */
+    uint32_t *orows; /* (BQ, ldva) floats, the same */
+    uint16_t *tbf;   /* (BK, BQ) */
 } bwd_scratch;
 
 attnx_status attnx_fwd_scratch_size(const attnx_problem *p, int64_t ldacc, int64_t split_dp,

@@ -212,6 +212,13 @@ attnx_status attnx_plan_backward(const attnx_run *r, int mask_grad, bwd_plan *pl
         plan->split_dp = (p->D + 31) / 32 * 32;
         plan->split_dpv = (p->Dv + 31) / 32 * 32;
     }
+    /* dV = Pᵀ dO and dK = dSᵀ Q on the bfloat16 dot products too, P, dS, dO
+     * and Q rounded (as torch's bfloat16 backward takes them): emulated
+     * (tools/precision_errors.py, 2026-11-29), dk's and dv's errors 0.87x
+     * and 0.63x torch bfloat16's at L=1024 D=64, 1.18x and 1.05x at L=256.
+     * dQ = dS K stays on the FMAs (tried on pv_medium, 2026-11-28: 1.19x
+     * torch's error on a small causal case; DESIGN.md) */
+    plan->ptx_medium = plan->parts == 1 && r->kt->ptx_medium;
     if (plan->split_dp) plan->kslice = min64(plan->kchunk, BWD_SLICE_KEYS);
     /* dK and dV rows sum a term per query block of the group: added one by
      * one into the gradient's rows, their rounding errors grew with the

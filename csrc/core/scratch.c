@@ -135,7 +135,11 @@ attnx_status attnx_bwd_scratch_size(const attnx_problem *p, const bwd_plan *plan
     if (plan->run && (!mul_ok((size_t)plan->kslice, (size_t)(plan->ldqa + plan->ldva), &runs) ||
                       runs > SIZE_MAX - main - parts))
         return ATTNX_ERR_OVERFLOW;
-    *floats = main + parts + runs;
+    size_t medium = 0; /* ptx_medium: qrows, orows (BQ rows of ldqa, ldva) and tbf (BK·BQ / 2) */
+    if (plan->ptx_medium && (!mul_ok((size_t)(plan->ldqa + plan->ldva) + BK / 2, BQ, &medium) ||
+                             medium > SIZE_MAX - main - parts - runs))
+        return ATTNX_ERR_OVERFLOW;
+    *floats = main + parts + runs + medium;
     return ATTNX_OK;
 }
 
@@ -168,6 +172,14 @@ bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, const bwd_
         s.oparts = s.qparts + words * dp / 2 * BQ;
         s.kparts = (uint16_t *)(s.oparts + words * dpv / 2 * BQ);
         s.vparts = s.kparts + n * dp * ((size_t)plan->kslice + 16);
+        end = (float *)(s.vparts + n * dpv * ((size_t)plan->kslice + 16));
+    }
+    s.qrows = s.orows = NULL;
+    s.tbf = NULL;
+    if (plan->ptx_medium) { /* 64-byte aligned: parts' sizes are multiples of 32 bfloat16 values */
+        s.qrows = (uint32_t *)end;
+        s.orows = s.qrows + (size_t)plan->ldqa * BQ;
+        s.tbf = (uint16_t *)(s.orows + (size_t)plan->ldva * BQ);
     }
     return s;
 }

@@ -470,6 +470,70 @@ void attnx_pv_rows_medium_avx512(int kind, const float *pt, int64_t ldk, int nq,
     }
 }
 
+/* ---- the backward's ptx under precision "medium" (kernels.h: ptx_medium) --------------
+ * Lanes are the rows' dims; a pair of queries is one 32-bit word, broadcast
+ * from the tile's rounded row j (its queries 2m and 2m+1 side by side) and
+ * met by the rows' pairs (xp, laid out so by the caller): one vdpbf16ps a
+ * pair, key and vector of dims. */
+#define PX_MR 4 /* keys x vectors of dims: 16 accumulators */
+#define PX_NV 4
+
+/* Keys j < MR (1..4), NV vectors of dims from column 0 (the last one's lanes
+ * `last`): the sums from zero over `pairs` pairs, then added to acc.
+ * pp: (MR, ldp) bf16  xp: (pairs, ldx) pairs  acc: (MR, 16 NV) rows ldacc apart */
+BF_INLINE void ptx_medium_block(const int MR, const int NV, const uint16_t *pp, int64_t ldp,
+                                int pairs, const uint32_t *xp, int64_t ldx, __mmask16 last,
+                                float *acc, int64_t ldacc)
+{
+    __m512 s[PX_MR][PX_NV];
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < NV; c++) s[r][c] = _mm512_setzero_ps();
+    for (int m = 0; m < pairs; m++) {
+        __m512i xv[PX_NV];
+        for (int c = 0; c < NV; c++) xv[c] = _mm512_loadu_si512(xp + m * ldx + c * BF_W);
+        for (int r = 0; r < MR; r++) {
+            const __m512i pb = pair_bcast(pp + r * ldp + 2 * m);
+            for (int c = 0; c < NV; c++)
+                s[r][c] = _mm512_dpbf16_ps(s[r][c], ATTNX_AS_BF16(pb), ATTNX_AS_BF16(xv[c]));
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < NV; c++) {
+            float *to = acc + r * ldacc + c * BF_W;
+            const __mmask16 k = c == NV - 1 ? last : (__mmask16)0xffff;
+            _mm512_mask_storeu_ps(to, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, to), s[r][c]));
+        }
+}
+
+#define PX_CASE(mr, nv)                                                        \
+    case (mr) * 8 + (nv):                                                      \
+        ptx_medium_block(mr, nv, pp + j * ldp, ldp, pairs, xp + e0, ldx, last, \
+                         acc + j * ldacc + e0, ldacc);                         \
+        break;
+
+// pp: (nk, ldp) bf16  xp: (ceil(nq/2), ldx) pairs  acc: (nk, n) rows ldacc apart
+void attnx_ptx_medium_avx512(const uint16_t *pp, int64_t ldp, int nq, const uint32_t *xp,
+                             int64_t ldx, int nk, int64_t n, float *acc, int64_t ldacc)
+{
+    const int pairs = (nq + 1) / 2;
+    for (int64_t e0 = 0; e0 < n; e0 += PX_NV * BF_W) { /* the rows' dims stay in L1 over the keys */
+        const int64_t width = n - e0 < PX_NV * BF_W ? n - e0 : PX_NV * BF_W;
+        const int nv = (int)((width + BF_W - 1) / BF_W), tail = (int)(width - (nv - 1) * BF_W);
+        const __mmask16 last = (__mmask16)(tail == BF_W ? 0xffff : (1u << tail) - 1u);
+        for (int j = 0; j < nk; j += PX_MR) {
+            const int mr = nk - j < PX_MR ? nk - j : PX_MR;
+            switch (mr * 8 + nv) {
+                // clang-format off
+                PX_CASE(1, 1) PX_CASE(1, 2) PX_CASE(1, 3) PX_CASE(1, 4)
+                PX_CASE(2, 1) PX_CASE(2, 2) PX_CASE(2, 3) PX_CASE(2, 4)
+                PX_CASE(3, 1) PX_CASE(3, 2) PX_CASE(3, 3) PX_CASE(3, 4)
+                PX_CASE(4, 1) PX_CASE(4, 2) PX_CASE(4, 3) PX_CASE(4, 4)
+                // clang-format on
+            }
+        }
+    }
+}
+
 /* ---- the bfloat16 dot products' peak (kernels.h: bf16dot_burn) ----------------------- */
 double attnx_bf16dot_burn_avx512(int64_t rounds, float *sink)
 {

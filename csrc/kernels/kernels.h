@@ -43,7 +43,7 @@
  * pv_rows_medium): bfloat16 values, int8 values with a scale a row, or
  * float16 values (rounded to bfloat16 as they are read). */
 typedef enum { ATTNX_MEDIUM_BF16 = 0, ATTNX_MEDIUM_I8, ATTNX_MEDIUM_F16 } attnx_medium_rows;
-/* qk_dot_medium's and pv_rows_medium's declarations, of the reference
+/* qk_dot_medium's, pv_rows_medium's and ptx_medium's declarations, of the reference
  * (s = scalar) and of each instruction set's kernels */
 #define ATTNX_MEDIUM_ROWS_KERNELS(s)                                                               \
     void attnx_qk_dot_medium_##s(int kind, const uint32_t *qp, int64_t ldp, int nq, const void *k, \
@@ -51,7 +51,9 @@ typedef enum { ATTNX_MEDIUM_BF16 = 0, ATTNX_MEDIUM_I8, ATTNX_MEDIUM_F16 } attnx_
                                  int64_t D, float scale, float *st, int64_t ldk);                  \
     void attnx_pv_rows_medium_##s(int kind, const float *pt, int64_t ldk, int nq, const void *v,   \
                                   int64_t v_sl, const float *scale_v, int64_t s_sl, int nk,        \
-                                  int64_t Dv, const float *alpha, float *acc, int64_t ldacc);
+                                  int64_t Dv, const float *alpha, float *acc, int64_t ldacc);      \
+    void attnx_ptx_medium_##s(const uint16_t *pp, int64_t ldp, int nq, const uint32_t *xp,         \
+                              int64_t ldx, int nk, int64_t n, float *acc, int64_t ldacc);
 
 typedef struct attnx_kernels {
     /* st[j*ldq + i] = sum_d k[j*k_sl + d] * qt[d*ldq + i]
@@ -294,6 +296,22 @@ typedef struct attnx_kernels {
     void (*pv_rows_medium)(int kind, const float *pt, int64_t ldk, int nq, const void *v,
                            int64_t v_sl, const float *scale_v, int64_t s_sl, int nk, int64_t Dv,
                            const float *alpha, float *acc, int64_t ldacc);
+
+    /* The backward's ptx under precision "medium" (NULL without bfloat16
+     * dot products; the reference attnx_ptx_medium_scalar, whose bits it
+     * gives): dV += Pᵀ dO and dK += dSᵀ Q with the tile (P or dS) and the
+     * rows (dO or Q) rounded to bfloat16 by the caller (kt->round_rows, and
+     * kt->round_pairs on the rows), the products as vdpbf16ps takes pairs of
+     * queries (the odd one first), summed from zero, the sum then added:
+     *   s = 0;  for m < ceil(nq/2):
+     *     s = dp(pp[j][2m+1], x[2m+1][e], s);  s = dp(pp[j][2m], x[2m][e], s)
+     *   acc[j][e] += s
+     * where xp's word m, lane e is x[2m][e] | x[2m+1][e] << 16 (row nq of
+     * an odd nq is 0 in both: pp[j][nq] = 0).
+     * pp: (nk, ldp) bf16, ldp even  xp: (ceil(nq/2), ldx) pairs, ldx >= n
+     * acc: (nk, n) rows ldacc apart */
+    void (*ptx_medium)(const uint16_t *pp, int64_t ldp, int nq, const uint32_t *xp, int64_t ldx,
+                       int nk, int64_t n, float *acc, int64_t ldacc);
 
     /* Float32 scores on AMX tiles (NULL except with AMX): every float32
      * value x is split exactly into three bfloat16 parts, x = x1 + x2 + x3
@@ -638,6 +656,10 @@ static inline float attnx_bf16_daz(uint16_t h)
 {
     return attnx_bf16_to_float((h & 0x7f80u) == 0 ? (uint16_t)(h & 0x8000u) : h);
 }
+
+/* The least |x| that rounds to a bfloat16 inf: 0x7f7f8000, halfway between
+ * bfloat16's largest finite value and inf (the tie goes to inf, even). */
+#define ATTNX_BF16_INF_FROM 0x1.ffp127f
 
 /* Whether rounding x to the bfloat16 h took a finite value to inf (round_rows' flag). */
 static inline int attnx_bf16_overflowed(float x, uint16_t h)

@@ -425,6 +425,22 @@ void attnx_pv_rows_medium_scalar(int kind, const float *pt, int64_t ldk, int nq,
         }
 }
 
+// pp: (nk, ldp) bf16  xp: (ceil(nq/2), ldx) pairs  acc: (nk, n) rows ldacc apart
+void attnx_ptx_medium_scalar(const uint16_t *pp, int64_t ldp, int nq, const uint32_t *xp,
+                             int64_t ldx, int nk, int64_t n, float *acc, int64_t ldacc)
+{
+    for (int j = 0; j < nk; j++)
+        for (int64_t e = 0; e < n; e++) {
+            float s = 0.0f;
+            for (int m = 0; 2 * m < nq; m++) { /* a pair of queries, the odd one first */
+                const uint32_t w = xp[m * ldx + e];
+                s = attnx_dp_fma(pp[j * ldp + 2 * m + 1], (uint16_t)(w >> 16), s);
+                s = attnx_dp_fma(pp[j * ldp + 2 * m], (uint16_t)w, s);
+            }
+            acc[j * ldacc + e] += s;
+        }
+}
+
 // acc: (nq, ldacc)  inv: (nq)  out: (nq, Dv) rows out_sl apart
 static int store_rows_scalar(const float *acc, int64_t ldacc, int nq, int64_t Dv, const float *inv,
                              float *out, int64_t out_sl)

@@ -982,6 +982,11 @@ static void test_medium_reference(void)
     cur.cases++;
     expect(attnx_bf16_round(0x1.fffffep127f) == 0x7f80u, "the largest float: not inf");
     expect(attnx_bf16_round(-0.0f) == 0x8000u, "-0 lost its sign");
+    cur.cases++;
+    expect(attnx_bf16_round(ATTNX_BF16_INF_FROM) == 0x7f80u &&
+               attnx_bf16_round(-ATTNX_BF16_INF_FROM) == 0xff80u &&
+               attnx_bf16_round(nextafterf(ATTNX_BF16_INF_FROM, 0.0f)) == 0x7f7fu,
+           "ATTNX_BF16_INF_FROM is not where rounding reaches inf");
     end();
 
     begin("any", "pack_qt_bf16_rounded", "identical");
@@ -1755,6 +1760,120 @@ static void test_medium_rows(const char *isa)
     }
 }
 
+/* ---- the backward's ptx under "medium": ptx_medium ---------------------------------
+ * The reference within the summation bound of the float64 sum of its
+ * products (bfloat16 subnormals read as 0), onto the accumulator; each table's
+ * kernel with the reference's bits, inf, NaN and subnormals included, the
+ * accumulator's columns past n and its row past nk untouched, and the tile's
+ * columns past nq + 1 (NaN) never read. */
+typedef struct {
+    int nq, nk, n;
+    int64_t ldp, ldx, ldacc;
+    uint16_t *pp;
+    uint32_t *xp;
+    float *acc; /* (nk + 1, ldacc): the accumulator, then a guard row */
+} ptx_medium_case;
+
+/* A value of random_bf16's kind 0 or 1, or (kind 2) of kind 0 with subnormals among them. */
+static uint16_t ptx_medium_value(int kind)
+{
+    return random_bf16(kind == 2 ? (urand() < 0.1 ? 2 : 0) : kind);
+}
+
+static ptx_medium_case ptx_medium_make(int nq, int nk, int n, int kind)
+{
+    ptx_medium_case c = {nq,   nk,   n,   nq + 2 + (nq & 1), ATTNX_ROUND16(n) + 16, n + 5,
+                         NULL, NULL, NULL};
+    const int pairs = (nq + 1) / 2;
+    c.pp = malloc(sizeof(uint16_t) * (size_t)(nk * c.ldp));
+    c.xp = malloc(sizeof(uint32_t) * (size_t)(pairs * c.ldx));
+    c.acc = guarded((size_t)((nk + 1) * c.ldacc));
+    for (int j = 0; j < nk; j++)
+        for (int64_t i = 0; i < c.ldp; i++) /* past nq: 0 (pp[j][nq] of an odd nq), then NaN */
+            c.pp[j * c.ldp + i] = i < nq ? ptx_medium_value(kind) : i == nq ? 0 : 0x7fc1u;
+    for (int m = 0; m < pairs; m++)
+        for (int64_t e = 0; e < c.ldx; e++) {
+            const uint32_t odd = 2 * m + 1 < nq ? ptx_medium_value(kind) : 0u;
+            c.xp[m * c.ldx + e] = e < n ? ptx_medium_value(kind) | odd << 16 : 0x7fc17fc1u;
+        }
+    for (int j = 0; j < nk; j++)
+        for (int e = 0; e < n; e++) c.acc[j * c.ldacc + e] = nrand();
+    return c;
+}
+
+static void ptx_medium_free(ptx_medium_case *c) { free(c->pp), free(c->xp), free(c->acc); }
+
+/* Check the reference's answer `got` (from the accumulator `init`) against float64. */
+static void ptx_medium_bound(const ptx_medium_case *c, const float *init, const float *got)
+{
+    cur.cases++;
+    for (int j = 0; j < c->nk; j++)
+        for (int e = 0; e < c->n; e++) {
+            const double a = init[j * c->ldacc + e];
+            double sum = 0.0, mag = 0.0;
+            for (int i = 0; i < c->nq; i++) {
+                const uint32_t w = c->xp[(i / 2) * c->ldx + e];
+                const double t = bf16_flushed(c->pp[j * c->ldp + i]) *
+                                 bf16_flushed((uint16_t)(i % 2 ? w >> 16 : w));
+                sum += t;
+                mag += fabs(t);
+            }
+            /* nq rounded terms from zero, flushed below 2^-126, then one addition */
+            const double bound =
+                (c->nq + 1) * 0x1p-23 * mag + (c->nq + 1) * 0x1p-125 + 0x1p-24 * fabs(a + sum);
+            expect_within(got[j * c->ldacc + e], (float)(a + sum), bound, "acc", j, e);
+        }
+}
+
+/* isa NULL: the reference against float64; else each of its bfloat16 dot products'. */
+static void test_ptx_medium(const char *isa)
+{
+    static const int nqs[] = {1, 2, 3, 16, 17, 33, 63, 64};
+    static const int ns[] = {1, 15, 16, 17, 40, 64, 65, 127, 128, 130};
+    const attnx_isa *row = isa ? isa_row(isa) : NULL;
+    const attnx_dots *dots = row && row->dots ? row->dots : NULL;
+    for (;;) {
+        const attnx_kernels *kt = NULL;
+        char what[64] = "ptx_medium reference";
+        if (isa) {
+            if (!dots || !dots->name) return;
+            const attnx_dots *d = dots++;
+            if (!d->supported() || !d->kernels->ptx_medium) continue;
+            kt = d->kernels;
+            snprintf(what, sizeof what, "ptx_medium %s", d->name);
+        }
+        begin(isa ? isa : "any", what, isa ? "identical" : "summation");
+        for (int kind = 0; kind < 3; kind++)
+            for (int a = 0; a < 8; a++)
+                for (int nk = 1; nk <= 9; nk += 1 + (a + nk) % 3)
+                    for (int b = (a + nk) % 3; b < 10; b += 2) {
+                        if (!isa && kind == 1) continue; /* no inf or NaN for the bound */
+                        ptx_medium_case c = ptx_medium_make(nqs[a], nk, ns[b], kind);
+                        const size_t bytes = sizeof(float) * (size_t)((nk + 1) * c.ldacc);
+                        float *init = malloc(bytes), *want = malloc(bytes);
+                        memcpy(init, c.acc, bytes);
+                        memcpy(want, c.acc, bytes);
+                        attnx_ptx_medium_scalar(c.pp, c.ldp, c.nq, c.xp, c.ldx, nk, c.n, want,
+                                                c.ldacc);
+                        if (!isa) {
+                            ptx_medium_bound(&c, init, want);
+                        } else {
+                            kt->ptx_medium(c.pp, c.ldp, c.nq, c.xp, c.ldx, nk, c.n, c.acc, c.ldacc);
+                            cur.cases++;
+                            for (int j = 0; j <= nk;
+                                 j++) /* the guards past n and the row past nk */
+                                for (int64_t e = 0; e < c.ldacc; e++)
+                                    expect_same(c.acc[j * c.ldacc + e], want[j * c.ldacc + e],
+                                                "acc", j, (int)e);
+                        }
+                        free(init), free(want);
+                        ptx_medium_free(&c);
+                    }
+        end();
+        if (!isa) return;
+    }
+}
+
 /* The bfloat16 dot products' and the tiles' peak kernels (each of the
  * instruction set's bfloat16 dot products that run here): flops counted
  * as their contract says, and the exact sums of their chains (every step
@@ -1869,6 +1988,7 @@ int main(void)
     test_medium_reference();
     test_round(NULL);
     test_medium_rows(NULL);
+    test_ptx_medium(NULL);
     test_i8("scalar", &attnx_kernels_scalar);
     for (int s = 0; s < attnx_isa_count(); s++) {
         const char *isa = attnx_isa_name_at(s);
@@ -1904,6 +2024,7 @@ int main(void)
         test_dot_burns(isa);
         test_round(isa);
         test_medium_rows(isa);
+        test_ptx_medium(isa);
     }
     if (!tested) printf("  no SIMD instruction set to compare here\n");
     printf("%d passed, %d failed\n", passed, failed);
