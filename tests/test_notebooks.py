@@ -32,8 +32,8 @@ def test_notebook_runs(name, tmp_path):
     if name == "dask.ipynb" and under_asan():
         # Its point is a 400 MiB limit per worker, and under ASan (tools/sanitize.sh) each
         # worker holds ~350 MiB before any task: the quarantine keeps freed memory resident,
-        # so the nanny kills the workers (KilledWorker). attnx.dask's code runs under ASan
-        # in tests/test_dask.py, on a LocalCluster too.
+        # so the nanny kills the workers (KilledWorker). attnx.dask's chunks make the calls
+        # that the sanitized run tests directly (tools/tests_integrations.txt).
         pytest.skip("dask.ipynb under AddressSanitizer: its workers' 400 MiB limit (see conftest.under_asan)")
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

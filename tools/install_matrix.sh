@@ -8,10 +8,13 @@
 #      whole pytest suite runs against the installed package, from a copy of tests/
 #      outside the source tree, after asserting that `import attnx` resolves to
 #      that venv's site-packages;
-#   3b. the oldest and the newest transformers release the [transformers] extra
-#      admits (pyproject.toml), each in a fresh venv with the wheel and the extra:
-#      the transformers tests (models, AttnxCache, continuous batching against
-#      sdpa's tokens);
+#   3b. the oldest transformers release the [transformers] extra admits
+#      (pyproject.toml), in a fresh venv with the wheel and the extra: the
+#      transformers tests (models, AttnxCache, continuous batching against
+#      sdpa's tokens). The newest is .ci/run's newcomer's: README's test
+#      install takes the [test] extra, whose transformers range is checked
+#      here to be the [transformers] extra's, and runs the whole suite with
+#      the newest release in that range;
 #   4. the oldest and the newest Python among 3.9-3.13 found on this machine: a
 #      wheel built from the sdist by that Python, installed and tested the same way
 #      (without torch: torch==2.13.0 is not there for them, and an unpinned torch
@@ -150,9 +153,9 @@ if [ -n "$WHEEL" ]; then
     case "$v" in 1.26.*) ;; *) record "numpy 1.26 really installed" FAIL 0 "got numpy '$v'";; esac
 fi
 
-# ------------------ 3b. the oldest and the newest transformers the extra admits
-# The range is the [transformers] extra's ("transformers>=LO,<HI"): LO pinned, then
-# the newest release below HI, each with the wheel's [transformers] extra.
+# --------------------------- 3b. the oldest transformers the extra admits
+# The range is the [transformers] extra's ("transformers>=LO,<HI"): LO pinned,
+# with the wheel's [transformers] extra (the newest: see 3b above).
 TF_RANGE=$(sed -n 's/^transformers = .*"transformers\(>=[0-9.]*,<[0-9.]*\)".*/\1/p' "$ROOT/pyproject.toml")
 TF_OLDEST=$(printf '%s' "$TF_RANGE" | sed -n 's/^>=\([0-9.]*\),.*/\1/p')
 tf_test() {   # tf_test NAME TRANSFORMERS-SPEC
@@ -180,8 +183,17 @@ if [ -n "$WHEEL" ]; then
         record "transformers range in pyproject.toml" FAIL 0 "no 'transformers>=LO,<HI' in the [transformers] extra"
     else
         tf_test "transformers-oldest" "==$TF_OLDEST"
-        tf_test "transformers-newest" "$TF_RANGE"
     fi
+    # (the newest: the newcomer's, with the [test] extra's range, which must be this one)
+    same=$("$PY" - "$ROOT/pyproject.toml" <<'PYEOF'
+import re, sys, tomllib
+extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
+pick = lambda e: sorted(r.replace(" ", "") for r in extras[e] if re.match(r"transformers\b", r))
+print("yes" if pick("test") == pick("transformers") and pick("test") else "no")
+PYEOF
+)
+    [ "$same" = yes ] || record "transformers range: [test] = [transformers]" FAIL 0 \
+        "the [test] extra's transformers range differs from the [transformers] extra's"
 fi
 
 # ------------------------------------- 4. oldest and newest Python among 3.9-3.13

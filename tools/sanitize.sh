@@ -22,7 +22,9 @@
 #                        those the CPU has)
 #   ATTNX_SANITIZE_FULL  "all": the whole suite on every ISA; default: the whole
 #                        suite (but the files of tools/tests_without_c.txt, which
-#                        reach no C code of their own) on the best ISA (the last one run) and, on the
+#                        reach no C code of their own, and of tools/tests_integrations.txt,
+#                        which reach it through the entry points the others test)
+#                        on the best ISA (the last one run) and, on the
 #                        others, the files whose code paths depend on the ISA
 #                        (ATTNX_SANITIZE_SUBSET; the suite under ASan takes
 #                        ~4 min an ISA here, mostly the hypothesis tests)
@@ -163,8 +165,8 @@ default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengt
     tests/test_paged.py tests/test_kvcache_int8.py tests/test_block_masks.py"
 # the files the whole-suite run leaves out (ATTNX_SANITIZE_FULL=all runs them too)
 ignored=()
-for f in $(sed '/^#/d' "$tree/tools/tests_without_c.txt"); do
-    [[ -e $tree/$f ]] || { echo "sanitize: $f (tools/tests_without_c.txt) does not exist" >&2; exit 1; }
+for f in $(sed '/^#/d' "$tree/tools/tests_without_c.txt" "$tree/tools/tests_integrations.txt"); do
+    [[ -e $tree/$f ]] || { echo "sanitize: $f (tools/tests_without_c.txt or tests_integrations.txt) does not exist" >&2; exit 1; }
     ignored+=("--ignore=$f")
 done
 subset=()
