@@ -3,34 +3,37 @@
 #
 #   1. `python -m build` makes an sdist and a wheel (the wheel built from the sdist,
 #      so a file missing from the sdist breaks the build here, not on a user's machine);
-#   2-3. the wheel goes into a fresh venv (not editable) with the test dependencies,
-#      torch==2.13.0 and NumPy 1.26 at run time (built against NumPy 2), and the
-#      whole pytest suite runs against the installed package, from a copy of tests/
-#      outside the source tree, after asserting that `import attnx` resolves to
-#      that venv's site-packages;
-#   3b. the oldest transformers release the [transformers] extra admits
-#      (pyproject.toml), in a fresh venv with the wheel and the extra: the
-#      transformers tests (models, AttnxCache, continuous batching against
-#      sdpa's tokens). The newest is .ci/run's newcomer's: README's test
-#      install takes the [test] extra, whose transformers range is checked
-#      here to be the [transformers] extra's, and runs the whole suite with
-#      the newest release in that range;
-#   4. the oldest and the newest Python among 3.9-3.13 found on this machine: a
+#   2. the wheel goes into a fresh venv (not editable) with the test dependencies,
+#      its [transformers] extra (torch==2.13.0), NumPy 1.26 at run time (built
+#      against NumPy 2) and the oldest transformers release the extra admits
+#      (pyproject.toml), and the whole pytest suite runs against the installed
+#      package, from a copy of tests/ outside the source tree, after asserting
+#      that `import attnx` resolves to that venv's site-packages. The newest
+#      transformers is .ci/run's newcomer's: README's test install takes the
+#      [test] extra, whose transformers range is checked here to be the
+#      [transformers] extra's, and runs the whole suite with the newest release
+#      in that range;
+#   3. the oldest and the newest Python among 3.9-3.13 found on this machine: a
 #      wheel built from the sdist by that Python, installed and tested the same way
 #      (without torch: torch==2.13.0 is not there for them, and an unpinned torch
 #      from PyPI is a CUDA build of several GB; the torch tests skip).
 #
-# Usage: tools/install_matrix.sh [--quick]   (--quick: skip step 4)
+# Usage: tools/install_matrix.sh [--quick | --pythons-only]
+#        (--quick: skip step 3; --pythons-only: step 1 builds only the sdist, and
+#        step 2 is skipped: CI runs step 3's two Pythons in its two lanes)
 # Env:   PYTHON (the build Python, default python3), ATTNX_MATRIX_DIR (work dir,
 #        default a fresh mktemp -d; removed on success unless ATTNX_MATRIX_KEEP=1),
-#        ATTNX_MATRIX_PYTHONS ("3.9 3.13" to choose the extra Pythons by hand).
+#        ATTNX_MATRIX_PYTHONS (step 3's Pythons: versions, "3.9 3.13", or "oldest"
+#        and/or "newest" of those found; default "oldest newest").
 # Prints a summary and exits non-zero when any step fails.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-python3}"
 QUICK=0
+PYTHONS_ONLY=0
 [ "${1:-}" = "--quick" ] && QUICK=1
+[ "${1:-}" = "--pythons-only" ] && PYTHONS_ONLY=1
 WORK="${ATTNX_MATRIX_DIR:-$(mktemp -d /tmp/attnx-matrix.XXXXXX)}"
 mkdir -p "$WORK"
 LOG="$WORK/logs"; mkdir -p "$LOG"
@@ -59,7 +62,9 @@ step() {
 }
 
 # ------------------------------------------------------------------ 1. build
-note "1. python -m build (sdist + wheel) with $($PY -V 2>&1)"
+what="sdist + wheel"; only=()
+[ "$PYTHONS_ONLY" = 1 ] && { what="sdist"; only=(--sdist); }
+note "1. python -m build ($what) with $($PY -V 2>&1)"
 t=$SECONDS
 DIST="$WORK/dist"
 # The build frontend runs from $WORK: a build/ folder in the source tree (setuptools'
@@ -67,9 +72,10 @@ DIST="$WORK/dist"
 if step "venv for the build frontend" "$LOG/tools-venv.log" \
         bash -c "'$PY' -m venv '$WORK/venv-tools' && '$WORK/venv-tools/bin/pip' install -q build" &&
    step "python -m build" "$LOG/build.log" \
-        bash -c "cd '$WORK' && '$WORK/venv-tools/bin/python' -m build --outdir '$DIST' '$ROOT'"; then
+        bash -c "cd '$WORK' && '$WORK/venv-tools/bin/python' -m build ${only[*]:-} --outdir '$DIST' '$ROOT'"; then
     SDIST=$(ls "$DIST"/attnx-*.tar.gz 2>/dev/null | head -n1)
     WHEEL=$(ls "$DIST"/attnx-*.whl 2>/dev/null | head -n1)
+    [ "$PYTHONS_ONLY" = 1 ] && WHEEL="(none: --pythons-only)"
     if [ -n "$SDIST" ] && [ -n "$WHEEL" ]; then
         record "build sdist + wheel" PASS $((SECONDS - t)) "$(basename "$SDIST") $(basename "$WHEEL")"
     else
@@ -139,64 +145,45 @@ env_test() {
     fi
 }
 
-# ------------------------------------------ 2-3. the wheel, NumPy 1.26 at run time
-# (built against NumPy 2. NumPy 2 at run time: CI's and the newcomer's editable
-# installs with torch, and the wheels of step 4 without it; the wheel itself on
-# NumPy 2 with torch is not run, to keep CI under 40 minutes)
-if [ -n "$WHEEL" ]; then
-    PYV=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    # ------------------------------------------------ 3. NumPy 1.26 at run time
-    # torch 2.13 imports and runs with NumPy 1.26 (its NumPy bridge checked by the
-    # torch tests), so it stays in.
-    env_test "py$PYV-wheel-numpy1.26" "$PY" "$WHEEL" "numpy==1.26.*" "torch==2.13.0"
-    v=$("$WORK/venv-py$PYV-wheel-numpy1.26/bin/python" -c "import numpy; print(numpy.__version__)" 2>/dev/null)
-    case "$v" in 1.26.*) ;; *) record "numpy 1.26 really installed" FAIL 0 "got numpy '$v'";; esac
-fi
-
-# --------------------------- 3b. the oldest transformers the extra admits
-# The range is the [transformers] extra's ("transformers>=LO,<HI"): LO pinned,
-# with the wheel's [transformers] extra (the newest: see 3b above).
+# ---------- 2. the wheel with the oldest NumPy and transformers it admits
+# The wheel (built against NumPy 2) with NumPy 1.26 at run time and the oldest
+# transformers release the [transformers] extra admits ("transformers>=LO,<HI"
+# in pyproject.toml: LO pinned), with the extra (torch==2.13.0 with it): the
+# whole suite, the transformers tests (models, AttnxCache, continuous batching
+# against sdpa's tokens) among it. torch 2.13 imports and runs with NumPy 1.26
+# (its NumPy bridge checked by the torch tests). NumPy 2 at run time: CI's and
+# the newcomer's editable installs with torch, and the wheels of step 3
+# without it. The newest transformers is .ci/run's newcomer's: README's test
+# install takes the [test] extra, whose transformers range is checked here to
+# be the [transformers] extra's, and runs the whole suite with the newest
+# release in that range. (One venv for both oldest: CI under 40 minutes.)
 TF_RANGE=$(sed -n 's/^transformers = .*"transformers\(>=[0-9.]*,<[0-9.]*\)".*/\1/p' "$ROOT/pyproject.toml")
 TF_OLDEST=$(printf '%s' "$TF_RANGE" | sed -n 's/^>=\([0-9.]*\),.*/\1/p')
-tf_test() {   # tf_test NAME TRANSFORMERS-SPEC
-    local name=$1 spec=$2 venv="$WORK/venv-$1" t=$SECONDS
-    note "$name: the wheel with transformers$spec"
-    rm -rf "$venv"
-    if ! step "venv + install" "$LOG/$name-install.log" \
-            bash -c "'$PY' -m venv '$venv' && '$venv/bin/python' -m pip install -q --no-compile \"\$@\"" _ \
-            "$WHEEL[transformers]" "transformers$spec" "${TEST_DEPS[@]}"; then
-        record "$name" FAIL $((SECONDS - t)) "install failed: $LOG/$name-install.log"
-        return
-    fi
-    local tv; tv=$("$venv/bin/python" -c "import transformers; print(transformers.__version__)" 2>/dev/null)
-    if step "transformers tests" "$LOG/$name-tests.log" \
-            bash -c "cd '$SUITE' && '$venv/bin/python' -m pytest -q -p no:cacheprovider -o timeout=300 \
-                     tests/test_transformers.py tests/test_attnx_cache.py tests/test_continuous_batching.py \
-                     tests/test_kv_divergence.py"; then
-        record "$name" PASS $((SECONDS - t)) "transformers $tv: $(grep -E '[0-9]+ passed' "$LOG/$name-tests.log" | tail -n1)"
-    else
-        record "$name" FAIL $((SECONDS - t)) "transformers $tv: see $LOG/$name-tests.log"
-    fi
-}
-if [ -n "$WHEEL" ]; then
-    if [ -z "$TF_OLDEST" ]; then
-        record "transformers range in pyproject.toml" FAIL 0 "no 'transformers>=LO,<HI' in the [transformers] extra"
-    else
-        tf_test "transformers-oldest" "==$TF_OLDEST"
-    fi
-    # (the newest: the newcomer's, with the [test] extra's range, which must be this one)
-    same=$("$PY" - "$ROOT/pyproject.toml" <<'PYEOF'
+same=$("$PY" - "$ROOT/pyproject.toml" <<'PYEOF'
 import re, sys, tomllib
 extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
 pick = lambda e: sorted(r.replace(" ", "") for r in extras[e] if re.match(r"transformers\b", r))
 print("yes" if pick("test") == pick("transformers") and pick("test") else "no")
 PYEOF
 )
-    [ "$same" = yes ] || record "transformers range: [test] = [transformers]" FAIL 0 \
-        "the [test] extra's transformers range differs from the [transformers] extra's"
+[ "$same" = yes ] || record "transformers range: [test] = [transformers]" FAIL 0 \
+    "the [test] extra's transformers range differs from the [transformers] extra's"
+if [ -n "$WHEEL" ] && [ "$PYTHONS_ONLY" = 0 ]; then
+    if [ -z "$TF_OLDEST" ]; then
+        record "transformers range in pyproject.toml" FAIL 0 "no 'transformers>=LO,<HI' in the [transformers] extra"
+    else
+        PYV=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        name="py$PYV-wheel-numpy1.26-transformers$TF_OLDEST"
+        env_test "$name" "$PY" "$WHEEL[transformers]" "numpy==1.26.*" "transformers==$TF_OLDEST"
+        venv_py="$WORK/venv-$name/bin/python"
+        v=$("$venv_py" -c "import numpy; print(numpy.__version__)" 2>/dev/null)
+        case "$v" in 1.26.*) ;; *) record "numpy 1.26 really installed" FAIL 0 "got numpy '$v'";; esac
+        v=$("$venv_py" -c "import transformers; print(transformers.__version__)" 2>/dev/null)
+        [ "$v" = "$TF_OLDEST" ] || record "transformers $TF_OLDEST really installed" FAIL 0 "got '$v'"
+    fi
 fi
 
-# ------------------------------------- 4. oldest and newest Python among 3.9-3.13
+# ------------------------------------- 3. oldest and newest Python among 3.9-3.13
 find_python() {   # the interpreter for version X.Y, or nothing
     local v=$1 c
     for c in "python$v" "/root/.pyenv/versions/$v"*/bin/python "/usr/bin/python$v" "/usr/local/bin/python$v"; do
@@ -212,13 +199,14 @@ if [ "$QUICK" = 0 ] && [ -n "$SDIST" ]; then
         p=$(find_python $v) && FOUND+=("$v=$p")
     done
     echo; echo "Pythons 3.9-3.13 on this machine: ${FOUND[*]:-none}"
-    if [ -n "${ATTNX_MATRIX_PYTHONS:-}" ]; then
-        WANT=($ATTNX_MATRIX_PYTHONS)
-    elif [ ${#FOUND[@]} -ge 1 ]; then
-        WANT=("${FOUND[0]%%=*}" "${FOUND[-1]%%=*}")
-    else
-        WANT=()
-    fi
+    WANT=()
+    for w in ${ATTNX_MATRIX_PYTHONS:-oldest newest}; do
+        case "$w" in
+            oldest) [ ${#FOUND[@]} -ge 1 ] && WANT+=("${FOUND[0]%%=*}") ;;
+            newest) [ ${#FOUND[@]} -ge 1 ] && WANT+=("${FOUND[-1]%%=*}") ;;
+            *) WANT+=("$w") ;;
+        esac
+    done
     [ ${#FOUND[@]} -lt 2 ] && record "oldest+newest Python present" FAIL 0 "found only: ${FOUND[*]:-none}"
     done_v=""
     for v in "${WANT[@]}"; do

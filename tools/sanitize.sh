@@ -28,7 +28,8 @@
 #                        others, the files whose code paths depend on the ISA
 #                        (ATTNX_SANITIZE_SUBSET; the suite under ASan takes
 #                        ~4 min an ISA here, mostly the hypothesis tests)
-#   ATTNX_SANITIZE_SUBSET  pytest paths for those other ISAs
+#   ATTNX_SANITIZE_SUBSET  pytest paths for those other ISAs (default:
+#                        tools/tests_isa_paths.txt)
 #   ATTNX_SANITIZE_C_CASES  cases of tests/c/test_forward.c (tests/c/run.sh, which
 #                        also runs tests/c/test_kernels.c; default 60; 0 skips both)
 #   PYTEST_ADDOPTS       passed on to pytest as usual
@@ -151,18 +152,8 @@ available=$(cd "$tree" && sanitized_env "$PY" -c "import attnx; print(' '.join(a
 isas=${ATTNX_SANITIZE_ISAS:-scalar avx2 avx512}
 best=""
 for isa in $isas; do [[ " $available " == *" $isa "* ]] && best=$isa; done
-# the files whose code paths depend on the ISA: the attention itself (values,
-# masks, causal and lengths, GQA and layouts, shapes, the fast path), the
-# gradients, the core's edges, threads, the fuzz corpus, pages and int8
-# caches, block masks (test_precision, whose "medium" differs from "highest" only with
-# bfloat16 dot products and which spawns interpreters, runs with the best ISA)
-default_subset="tests/test_values.py tests/test_masks.py tests/test_causal_lengths.py
-    tests/test_gqa_layout.py tests/test_shapes.py tests/test_fast_path.py tests/test_seeds.py
-    tests/test_errors.py tests/test_threads.py tests/test_mha.py tests/test_grad.py
-    tests/test_core_edges.py tests/test_determinism.py tests/test_fuzz_corpus.py
-    tests/test_variant_options.py tests/test_varlen.py tests/test_kvcache.py
-    tests/test_variants_torch.py tests/test_bfloat16.py tests/test_mask_grad.py
-    tests/test_paged.py tests/test_kvcache_int8.py tests/test_block_masks.py"
+# the files whose code paths depend on the ISA (tools/tests_isa_paths.txt)
+default_subset=$(sed '/^#/d' "$tree/tools/tests_isa_paths.txt")
 # the files the whole-suite run leaves out (ATTNX_SANITIZE_FULL=all runs them too)
 ignored=()
 for f in $(sed '/^#/d' "$tree/tools/tests_without_c.txt" "$tree/tools/tests_integrations.txt"); do
