@@ -1725,22 +1725,46 @@ static void medium_rows_compare(const attnx_kernels *kt, const medium_rows_case 
     free(want);
 }
 
+/* The groups of a "medium" kernel test, one a call: isa NULL, the reference
+ * once (*kt NULL); else each of the ISA's bfloat16 dot products that runs
+ * here and has the kernel (has). begin()s the group named after `kernel`;
+ * returns 0 when none is left. *dots: the state, NULL on the first call. */
+static int next_medium_group(const char *isa, const char *kernel, int (*has)(const attnx_kernels *),
+                             const attnx_dots **dots, const attnx_kernels **kt)
+{
+    static const attnx_dots done = {0};
+    static char what[64]; /* begin() keeps the name until end() */
+    if (!isa) {
+        if (*dots) return 0;
+        *dots = &done, *kt = NULL;
+        snprintf(what, sizeof what, "%s reference", kernel);
+        begin("any", what, "summation");
+        return 1;
+    }
+    if (!*dots) {
+        const attnx_isa *row = isa_row(isa);
+        *dots = row && row->dots ? row->dots : &done;
+    }
+    for (const attnx_dots *d; (d = *dots)->name;) {
+        ++*dots;
+        if (!d->supported() || !has(d->kernels)) continue;
+        *kt = d->kernels;
+        snprintf(what, sizeof what, "%s %s", kernel, d->name);
+        begin(isa, what, "identical");
+        return 1;
+    }
+    return 0;
+}
+
+static int has_medium_rows(const attnx_kernels *kt) { return kt->qk_dot_medium != NULL; }
+static int has_ptx_medium(const attnx_kernels *kt) { return kt->ptx_medium != NULL; }
+
 /* isa NULL: the references; else each of its bfloat16 dot products'. */
 static void test_medium_rows(const char *isa)
 {
-    const attnx_isa *row = isa ? isa_row(isa) : NULL;
-    const attnx_dots *dots = row && row->dots ? row->dots : NULL;
-    for (;;) {
-        const attnx_kernels *kt = NULL;
-        char what[64] = "medium rows reference";
-        if (isa) {
-            if (!dots || !dots->name) return;
-            const attnx_dots *d = dots++;
-            if (!d->supported() || !d->kernels->qk_dot_medium) continue;
-            kt = d->kernels;
-            snprintf(what, sizeof what, "medium rows %s", d->name);
-        }
-        begin(isa ? isa : "any", what, isa ? "identical" : "summation");
+    const attnx_dots *dots = NULL;
+    const attnx_kernels *kt;
+    while (next_medium_group(isa, "medium rows", has_medium_rows, &dots, &kt)) {
         for (int kind = ATTNX_MEDIUM_BF16; kind <= ATTNX_MEDIUM_F16; kind++)
             for (int nq = 1; nq <= 9; nq += 2)
                 for (int nk = 1; nk <= 300; nk += (nk < 12 ? 1 : 47))
@@ -1756,7 +1780,6 @@ static void test_medium_rows(const char *isa)
                         }
                     }
         end();
-        if (!isa) return;
     }
 }
 
@@ -1830,19 +1853,9 @@ static void test_ptx_medium(const char *isa)
 {
     static const int nqs[] = {1, 2, 3, 16, 17, 33, 63, 64};
     static const int ns[] = {1, 15, 16, 17, 40, 64, 65, 127, 128, 130};
-    const attnx_isa *row = isa ? isa_row(isa) : NULL;
-    const attnx_dots *dots = row && row->dots ? row->dots : NULL;
-    for (;;) {
-        const attnx_kernels *kt = NULL;
-        char what[64] = "ptx_medium reference";
-        if (isa) {
-            if (!dots || !dots->name) return;
-            const attnx_dots *d = dots++;
-            if (!d->supported() || !d->kernels->ptx_medium) continue;
-            kt = d->kernels;
-            snprintf(what, sizeof what, "ptx_medium %s", d->name);
-        }
-        begin(isa ? isa : "any", what, isa ? "identical" : "summation");
+    const attnx_dots *dots = NULL;
+    const attnx_kernels *kt;
+    while (next_medium_group(isa, "ptx_medium", has_ptx_medium, &dots, &kt)) {
         for (int kind = 0; kind < 3; kind++)
             for (int a = 0; a < 8; a++)
                 for (int nk = 1; nk <= 9; nk += 1 + (a + nk) % 3)
@@ -1870,7 +1883,6 @@ static void test_ptx_medium(const char *isa)
                         ptx_medium_free(&c);
                     }
         end();
-        if (!isa) return;
     }
 }
 
