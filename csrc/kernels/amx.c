@@ -14,6 +14,9 @@
  * Register blocking: 2 key blocks x 2 query blocks in tiles 0-3, the keys in
  * 4-5, the queries in 6-7 (the 8 tiles of palette 1, each 16 rows of 64 bytes).
  *
+ * Under precision "medium" the same blocking takes P·V with P rounded once
+ * (pv_medium) and the backward's dV = Pᵀ·dO and dK = dSᵀ·Q (ptx_medium).
+ *
  * What the tiles do not cover goes to the AVX512_BF16 kernel (every CPU with
  * AMX-BF16 has AVX512_BF16): a head dimension that is not a multiple of 32
  * (a tile row is 32 dims), and the last nk % 16 keys (a tile reads 16 rows).
@@ -546,6 +549,97 @@ void AMX(attnx_pv_split)(const float *pt, int64_t ldq, int nq, const uint16_t *v
     const int nqv = (nq + TILE - 1) / TILE; /* tiles of 16 queries */
     if (alpha) acct_rescale_avx512(alpha, acct, ldq, Dv, nqv);
     pv_tiles(pt, ldq, nqv, nk, Dv, vt, ldv, vpart, 3, 0, (uint32_t *)work, acct);
+}
+
+/* ---- the backward's ptx under "medium": ptx_medium -------------------------
+ * kernels.h's layouts are the tile product's as they are, nothing packed:
+ *   A = 16 keys x 32 queries of the rounded tile pp (rows ldp apart);
+ *   B = 16 pairs of queries x 16 dims of xp (a word of xp is B's pair);
+ *   C = 16 keys x 16 dims, from zero over the queries (the contract's sum),
+ *       then added to acc with AVX-512 (its one addition).
+ * Register blocking as qk_bf16's: 2 key blocks x 2 dim blocks in tiles 0-3.
+ * The last nq % 32 queries come from zero-padded copies of A's columns and
+ * B's rows, so nothing of pp past column nq, or of xp past its ceil(nq/2)
+ * rows, is read. Keys past a multiple of 16 and dims past a multiple of 16
+ * go to the vdpbf16ps kernel, and so does a call whose tile or rows hold an
+ * inf or NaN (the reference's bits there, as pv_medium). */
+
+/* Nonzero if one of x's values (rows ld apart, n values a row) is inf or NaN.
+ * x: (rows, n) bfloat16 */
+static int any_special_bf16(const uint16_t *x, int64_t ld, int rows, int64_t n)
+{
+    const __m512i exponent = _mm512_set1_epi16(0x7f80);
+    __m512i top = _mm512_setzero_si512(); /* the largest exponent field seen */
+    for (int r = 0; r < rows; r++)
+        for (int64_t e = 0; e < n; e += 32) {
+            const __mmask32 k = n - e >= 32 ? 0xffffffffu : (__mmask32)((1u << (n - e)) - 1u);
+            const __m512i v = _mm512_maskz_loadu_epi16(k, x + r * ld + e);
+            top = _mm512_max_epu16(top, _mm512_and_si512(v, exponent));
+        }
+    return _mm512_cmpeq_epi16_mask(top, exponent) != 0;
+}
+
+/* Keys j < 16 nkb, dims e < 16 ndb (nkb, ndb in {1, 2}) of a block: C[kb][db]
+ * in tile 2 kb + db from zero over the nq queries, then acc += C.
+ * pp: (16 nkb, ldp) bf16  xp: (ceil(nq/2), ldx) pairs  acc: (16 nkb, 16 ndb) rows ldacc apart */
+static void ptx_block(int nkb, int ndb, const uint16_t *pp, int64_t ldp, int nq, const uint32_t *xp,
+                      int64_t ldx, float *acc, int64_t ldacc)
+{
+    const int full = nq / TILE_DIMS, rest = nq % TILE_DIMS; /* whole rows of A: 32 queries */
+    c_zero();
+    for (int s = 0; s < full; s++) {
+        a_load(nkb, pp + s * TILE_DIMS, ldp * (int64_t)sizeof *pp);
+        b_multiply(nkb, ndb, xp + (int64_t)s * TILE * ldx, ldx * (int64_t)sizeof *xp);
+    }
+    if (rest) { /* queries 32 full .. nq-1: A's columns and B's rows zero past them */
+        uint16_t at[2 * TILE][TILE_DIMS];
+        uint32_t bt[TILE][2 * TILE];
+        const int q0 = full * TILE_DIMS, m0 = full * TILE, pairs = (nq + 1) / 2;
+        const __mmask32 k = (__mmask32)((1u << rest) - 1u);
+        for (int r = 0; r < TILE * nkb; r++)
+            _mm512_storeu_si512(at[r], _mm512_maskz_loadu_epi16(k, pp + r * ldp + q0));
+        for (int m = 0; m < TILE; m++)
+            for (int c = 0; c < ndb; c++)
+                _mm512_storeu_si512(bt[m] + c * TILE,
+                                    m0 + m < pairs
+                                        ? _mm512_loadu_si512(xp + (m0 + m) * ldx + c * TILE)
+                                        : _mm512_setzero_si512());
+        a_load(nkb, at, sizeof at[0]);
+        b_multiply(nkb, ndb, bt, sizeof bt[0]);
+    }
+    float c[2 * TILE][2 * TILE];
+    c_store(nkb, ndb, &c[0][0], 2 * TILE);
+    for (int r = 0; r < TILE * nkb; r++)
+        for (int d = 0; d < ndb; d++) {
+            float *to = acc + r * ldacc + d * TILE;
+            _mm512_storeu_ps(to,
+                             _mm512_add_ps(_mm512_loadu_ps(to), _mm512_loadu_ps(c[r] + d * TILE)));
+        }
+}
+
+// pp: (nk, ldp) bf16  xp: (ceil(nq/2), ldx) pairs  acc: (nk, n) rows ldacc apart
+void AMX(attnx_ptx_medium)(const uint16_t *pp, int64_t ldp, int nq, const uint32_t *xp, int64_t ldx,
+                           int nk, int64_t n, float *acc, int64_t ldacc)
+{
+    const int nk16 = nk / TILE * TILE, pairs = (nq + 1) / 2; /* keys the tiles take */
+    const int64_t n16 = n / TILE * TILE;                     /* dims the tiles take */
+    if (nq <= 0 || !nk16 || !n16 || any_special_bf16(pp, ldp, nk16, nq) ||
+        any_special_bf16((const uint16_t *)xp, 2 * ldx, pairs, 2 * n16)) {
+        attnx_ptx_medium_avx512(pp, ldp, nq, xp, ldx, nk, n, acc, ldacc);
+        return;
+    }
+    amx_config saved;
+    tiles_take(&saved);
+    for (int j = 0; j < nk16; j += 2 * TILE)
+        for (int64_t e = 0; e < n16; e += 2 * TILE)
+            ptx_block(nk16 - j >= 2 * TILE ? 2 : 1, n16 - e >= 2 * TILE ? 2 : 1, pp + j * ldp, ldp,
+                      nq, xp + e, ldx, acc + j * ldacc + e, ldacc);
+    tiles_give_back(&saved);
+    if (n16 < n) /* the last dims of the tiles' keys */
+        attnx_ptx_medium_avx512(pp, ldp, nq, xp + n16, ldx, nk16, n - n16, acc + n16, ldacc);
+    if (nk16 < nk) /* the last keys, every dim */
+        attnx_ptx_medium_avx512(pp + nk16 * ldp, ldp, nq, xp, ldx, nk - nk16, n, acc + nk16 * ldacc,
+                                ldacc);
 }
 
 /* ---- the tiles' peak (kernels.h: amx_burn) ------------------------------------------- */

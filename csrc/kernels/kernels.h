@@ -299,8 +299,10 @@ typedef struct attnx_kernels {
 
     /* The backward's ptx under precision "medium" (NULL without bfloat16
      * dot products; the reference attnx_ptx_medium_scalar, whose bits it
-     * gives): dV += Pᵀ dO and dK += dSᵀ Q with the tile (P or dS) and the
-     * rows (dO or Q) rounded to bfloat16 by the caller (kt->round_rows, and
+     * gives with vdpbf16ps, and within float32 rounding of the sum on AMX's
+     * tiles, which take blocks of 16 keys x 16 dims and leave the rest, and
+     * a call holding an inf or NaN, to vdpbf16ps): dV += Pᵀ dO and dK += dSᵀ Q with the tile (P or
+     * dS) and the rows (dO or Q) rounded to bfloat16 by the caller (kt->round_rows, and
      * kt->round_pairs on the rows), the products as vdpbf16ps takes pairs of
      * queries (the odd one first), summed from zero, the sum then added:
      *   s = 0;  for m < ceil(nq/2):
@@ -441,6 +443,8 @@ extern const attnx_kernels attnx_kernels_avx512_amx_emulated;
     void attnx_pv_medium_##s(const float *pt, int64_t ldq, int nq, const uint16_t *v,              \
                              int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acct,    \
                              float *work);                                                         \
+    void attnx_ptx_medium_##s(const uint16_t *pp, int64_t ldp, int nq, const uint32_t *xp,         \
+                              int64_t ldx, int nk, int64_t n, float *acc, int64_t ldacc);          \
     double attnx_amx_burn_##s(int64_t rounds, float *sink);
 ATTNX_AMX_KERNELS(amx)
 ATTNX_AMX_KERNELS(amx_emulated)

@@ -1728,15 +1728,19 @@ static void medium_rows_compare(const attnx_kernels *kt, const medium_rows_case 
 /* The groups of a "medium" kernel test, one a call: isa NULL, the reference
  * once (*kt NULL); else each of the ISA's bfloat16 dot products that runs
  * here and has the kernel (has). begin()s the group named after `kernel`;
- * returns 0 when none is left. *dots: the state, NULL on the first call. */
+ * returns 0 when none is left. *dots: the state, NULL on the first call.
+ * *identical: whether the group's kernel gives the reference's bits (with
+ * tiles_differ, not on a table whose dot products sum their own way: AMX's
+ * tiles; the reference's group: 0). */
 static int next_medium_group(const char *isa, const char *kernel, int (*has)(const attnx_kernels *),
-                             const attnx_dots **dots, const attnx_kernels **kt)
+                             int tiles_differ, const attnx_dots **dots, const attnx_kernels **kt,
+                             int *identical)
 {
     static const attnx_dots done = {0};
     static char what[64]; /* begin() keeps the name until end() */
     if (!isa) {
         if (*dots) return 0;
-        *dots = &done, *kt = NULL;
+        *dots = &done, *kt = NULL, *identical = 0;
         snprintf(what, sizeof what, "%s reference", kernel);
         begin("any", what, "summation");
         return 1;
@@ -1748,9 +1752,9 @@ static int next_medium_group(const char *isa, const char *kernel, int (*has)(con
     for (const attnx_dots *d; (d = *dots)->name;) {
         ++*dots;
         if (!d->supported() || !has(d->kernels)) continue;
-        *kt = d->kernels;
+        *kt = d->kernels, *identical = !tiles_differ || d->same_bits;
         snprintf(what, sizeof what, "%s %s", kernel, d->name);
-        begin(isa, what, "identical");
+        begin(isa, what, *identical ? "identical" : "summation");
         return 1;
     }
     return 0;
@@ -1764,7 +1768,8 @@ static void test_medium_rows(const char *isa)
 {
     const attnx_dots *dots = NULL;
     const attnx_kernels *kt;
-    while (next_medium_group(isa, "medium rows", has_medium_rows, &dots, &kt)) {
+    int identical;
+    while (next_medium_group(isa, "medium rows", has_medium_rows, 0, &dots, &kt, &identical)) {
         for (int kind = ATTNX_MEDIUM_BF16; kind <= ATTNX_MEDIUM_F16; kind++)
             for (int nq = 1; nq <= 9; nq += 2)
                 for (int nk = 1; nk <= 300; nk += (nk < 12 ? 1 : 47))
@@ -1786,9 +1791,14 @@ static void test_medium_rows(const char *isa)
 /* ---- the backward's ptx under "medium": ptx_medium ---------------------------------
  * The reference within the summation bound of the float64 sum of its
  * products (bfloat16 subnormals read as 0), onto the accumulator; each table's
- * kernel with the reference's bits, inf, NaN and subnormals included, the
- * accumulator's columns past n and its row past nk untouched, and the tile's
- * columns past nq + 1 (NaN) never read. */
+ * kernel with the reference's bits (vdpbf16ps), or within the same bound
+ * (AMX's tiles, over whole and partial blocks of 16 keys, 16 dims and 32
+ * queries) and the reference's bits where the case holds an inf or NaN (a
+ * NaN planted in the keys the tiles take: they leave such a call to
+ * vdpbf16ps; huge finite values summed in another order may overflow to
+ * another inf or NaN, so any bits are not compared on tiles); the accumulator's
+ * columns past n and its row past nk untouched, and the tile's columns past
+ * nq + 1 (NaN) never read. */
 typedef struct {
     int nq, nk, n;
     int64_t ldp, ldx, ldacc;
@@ -1826,13 +1836,19 @@ static ptx_medium_case ptx_medium_make(int nq, int nk, int n, int kind)
 
 static void ptx_medium_free(ptx_medium_case *c) { free(c->pp), free(c->xp), free(c->acc); }
 
-/* Check the reference's answer `got` (from the accumulator `init`) against float64. */
+/* The answer `got` (from the accumulator `init`, ordinary values) within
+ * the summation bound of the float64 sum, and its guards (past n, the row
+ * past nk) init's. */
 static void ptx_medium_bound(const ptx_medium_case *c, const float *init, const float *got)
 {
     cur.cases++;
-    for (int j = 0; j < c->nk; j++)
-        for (int e = 0; e < c->n; e++) {
+    for (int j = 0; j <= c->nk; j++)
+        for (int64_t e = 0; e < c->ldacc; e++) {
             const double a = init[j * c->ldacc + e];
+            if (j == c->nk || e >= c->n) {
+                expect_same(got[j * c->ldacc + e], (float)a, "acc (guard)", j, (int)e);
+                continue;
+            }
             double sum = 0.0, mag = 0.0;
             for (int i = 0; i < c->nq; i++) {
                 const uint32_t w = c->xp[(i / 2) * c->ldx + e];
@@ -1841,10 +1857,10 @@ static void ptx_medium_bound(const ptx_medium_case *c, const float *init, const 
                 sum += t;
                 mag += fabs(t);
             }
-            /* nq rounded terms from zero, flushed below 2^-126, then one addition */
+            /* nq rounded terms from zero (in any order), flushed below 2^-126, then one addition */
             const double bound =
                 (c->nq + 1) * 0x1p-23 * mag + (c->nq + 1) * 0x1p-125 + 0x1p-24 * fabs(a + sum);
-            expect_within(got[j * c->ldacc + e], (float)(a + sum), bound, "acc", j, e);
+            expect_within(got[j * c->ldacc + e], (float)(a + sum), bound, "acc", j, (int)e);
         }
 }
 
@@ -1853,15 +1869,23 @@ static void test_ptx_medium(const char *isa)
 {
     static const int nqs[] = {1, 2, 3, 16, 17, 33, 63, 64};
     static const int ns[] = {1, 15, 16, 17, 40, 64, 65, 127, 128, 130};
+    static const int nks[] = {1, 2, 4, 7, 9, 16, 17, 32, 33, 50};
     const attnx_dots *dots = NULL;
     const attnx_kernels *kt;
-    while (next_medium_group(isa, "ptx_medium", has_ptx_medium, &dots, &kt)) {
+    int identical;
+    while (next_medium_group(isa, "ptx_medium", has_ptx_medium, 1, &dots, &kt, &identical)) {
         for (int kind = 0; kind < 3; kind++)
             for (int a = 0; a < 8; a++)
-                for (int nk = 1; nk <= 9; nk += 1 + (a + nk) % 3)
-                    for (int b = (a + nk) % 3; b < 10; b += 2) {
+                for (int y = (a + kind) % 2; y < 10; y += 1 + (a + y) % 3)
+                    for (int b = (a + y) % 3; b < 10; b += 2) {
                         if (!isa && kind == 1) continue; /* no inf or NaN for the bound */
+                        const int nk = nks[y];
                         ptx_medium_case c = ptx_medium_make(nqs[a], nk, ns[b], kind);
+                        if (kind == 1 && !identical) { /* a NaN among the keys the tiles
+                                                           would take: vdpbf16ps's bits */
+                            const int keys = nk >= 16 ? nk / 16 * 16 : nk;
+                            c.pp[(int)(urand() * keys) * c.ldp + (int)(urand() * c.nq)] = 0x7fc0u;
+                        }
                         const size_t bytes = sizeof(float) * (size_t)((nk + 1) * c.ldacc);
                         float *init = malloc(bytes), *want = malloc(bytes);
                         memcpy(init, c.acc, bytes);
@@ -1872,12 +1896,15 @@ static void test_ptx_medium(const char *isa)
                             ptx_medium_bound(&c, init, want);
                         } else {
                             kt->ptx_medium(c.pp, c.ldp, c.nq, c.xp, c.ldx, nk, c.n, c.acc, c.ldacc);
-                            cur.cases++;
-                            for (int j = 0; j <= nk;
-                                 j++) /* the guards past n and the row past nk */
-                                for (int64_t e = 0; e < c.ldacc; e++)
-                                    expect_same(c.acc[j * c.ldacc + e], want[j * c.ldacc + e],
-                                                "acc", j, (int)e);
+                            if (identical || kind == 1) {
+                                cur.cases++; /* the guards past n and the row past nk too */
+                                for (int j = 0; j <= nk; j++)
+                                    for (int64_t e = 0; e < c.ldacc; e++)
+                                        expect_same(c.acc[j * c.ldacc + e], want[j * c.ldacc + e],
+                                                    "acc", j, (int)e);
+                            } else {
+                                ptx_medium_bound(&c, init, c.acc);
+                            }
                         }
                         free(init), free(want);
                         ptx_medium_free(&c);
