@@ -41,15 +41,16 @@
 #if defined(ATTNX_EMULATE_AVX512)
 #include "kernels/emulate_avx512.h"
 #elif defined(ATTNX_TILE_MODEL) && defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))), \
                              apply_to = function)
 #elif defined(ATTNX_TILE_MODEL) && defined(__GNUC__)
-#pragma GCC target("avx512f,avx512bw,avx512vl")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 #elif defined(__clang__)
-#pragma clang attribute push( \
-    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl"))), apply_to = function)
+#pragma clang attribute push(                                                          \
+    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16"))), \
+    apply_to = function)
 #elif defined(__GNUC__)
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")
 #endif
 #ifndef ATTNX_EMULATE_AVX512
 #include <immintrin.h>
@@ -67,6 +68,7 @@
 #endif
 
 #include "kernels/bf16_avx512.h"
+#include "kernels/medium_rows_avx512.h"
 #include "kernels/transpose_avx512.h"
 
 #define TILE 16      /* rows of a tile: keys of A and C, pairs of dims of B */
@@ -86,12 +88,12 @@ static const amx_config all_full = {
     .rows = {TILE, TILE, TILE, TILE, TILE, TILE, TILE, TILE},
 };
 
-/* Load the kernels' configuration; *saved gets the thread's (palette 0 if
- * none was loaded). */
-static void tiles_take(amx_config *saved)
+/* Load a kernel's configuration (all_full, or decoding's rows_config);
+ * *saved gets the thread's (palette 0 if none was loaded). */
+static void tiles_take(amx_config *saved, const amx_config *config)
 {
     _tile_storeconfig(saved);
-    _tile_loadconfig(&all_full);
+    _tile_loadconfig(config);
 }
 
 /* The thread's configuration back, or the tiles released if it had none. */
@@ -207,7 +209,7 @@ void AMX(attnx_qk_bf16)(const uint32_t *qt2, int64_t ldq, int nq, const uint16_t
     const int nk_tiles = D % TILE_DIMS ? 0 : nk / TILE * TILE; /* keys the tiles take */
     if (nk_tiles) {
         amx_config saved;
-        tiles_take(&saved);
+        tiles_take(&saved, &all_full);
         const int nqv = (nq + TILE - 1) / TILE; /* blocks of 16 queries (qt2 is padded) */
         for (int j = 0; j < nk_tiles; j += 2 * TILE) {
             const int nkb = nk_tiles - j >= 2 * TILE ? 2 : 1;
@@ -361,7 +363,7 @@ static void pv_tiles(const float *pt, int64_t ldq, int nqv, int nk, int64_t Dv, 
     if (nk <= 0) return;
     const int steps = (nk + TILE_DIMS - 1) / TILE_DIMS, ndt = (int)(Dv / TILE);
     amx_config saved;
-    tiles_take(&saved);
+    tiles_take(&saved, &all_full);
     for (int c = 0; c < nqv; c += 2) {
         const int nqb = nqv - c >= 2 ? 2 : 1;
         split_probs(pt + c * TILE, ldq, nqb, nk, round_once ? ROUND_ONCE : nv > 1, parts);
@@ -526,7 +528,7 @@ void AMX(attnx_qk_split)(const uint32_t *qp, int64_t ldq, int nq, const uint16_t
 {
     const int nkv = (nk + TILE - 1) / TILE, nqv = (nq + TILE - 1) / TILE;
     amx_config saved;
-    tiles_take(&saved);
+    tiles_take(&saved, &all_full);
     for (int j = 0; j < nkv; j += 2)
         for (int c = 0; c < nqv; c += 2)
             split_block(nkv - j >= 2 ? 2 : 1, nqv - c >= 2 ? 2 : 1, qp + c * TILE, ldq,
@@ -564,11 +566,12 @@ void AMX(attnx_pv_split)(const float *pt, int64_t ldq, int nq, const uint16_t *v
  * go to the vdpbf16ps kernel, and so does a call whose tile or rows hold an
  * inf or NaN (the reference's bits there, as pv_medium). */
 
-/* Nonzero if one of x's values (rows ld apart, n values a row) is inf or NaN.
- * x: (rows, n) bfloat16 */
-static int any_special_bf16(const uint16_t *x, int64_t ld, int rows, int64_t n)
+/* Nonzero if one of x's 16-bit values (rows ld apart, n values a row) is
+ * inf or NaN: its exponent field (0x7f80 for bfloat16, 0x7c00 for float16)
+ * all ones. x: (rows, n) */
+static int any_special16(const uint16_t *x, int64_t ld, int rows, int64_t n, uint16_t field)
 {
-    const __m512i exponent = _mm512_set1_epi16(0x7f80);
+    const __m512i exponent = _mm512_set1_epi16((short)field);
     __m512i top = _mm512_setzero_si512(); /* the largest exponent field seen */
     for (int r = 0; r < rows; r++)
         for (int64_t e = 0; e < n; e += 32) {
@@ -623,13 +626,13 @@ void AMX(attnx_ptx_medium)(const uint16_t *pp, int64_t ldp, int nq, const uint32
 {
     const int nk16 = nk / TILE * TILE, pairs = (nq + 1) / 2; /* keys the tiles take */
     const int64_t n16 = n / TILE * TILE;                     /* dims the tiles take */
-    if (nq <= 0 || !nk16 || !n16 || any_special_bf16(pp, ldp, nk16, nq) ||
-        any_special_bf16((const uint16_t *)xp, 2 * ldx, pairs, 2 * n16)) {
+    if (nq <= 0 || !nk16 || !n16 || any_special16(pp, ldp, nk16, nq, 0x7f80) ||
+        any_special16((const uint16_t *)xp, 2 * ldx, pairs, 2 * n16, 0x7f80)) {
         attnx_ptx_medium_avx512(pp, ldp, nq, xp, ldx, nk, n, acc, ldacc);
         return;
     }
     amx_config saved;
-    tiles_take(&saved);
+    tiles_take(&saved, &all_full);
     for (int j = 0; j < nk16; j += 2 * TILE)
         for (int64_t e = 0; e < n16; e += 2 * TILE)
             ptx_block(nk16 - j >= 2 * TILE ? 2 : 1, n16 - e >= 2 * TILE ? 2 : 1, pp + j * ldp, ldp,
@@ -642,6 +645,154 @@ void AMX(attnx_ptx_medium)(const uint16_t *pp, int64_t ldp, int nq, const uint32
                                 ldacc);
 }
 
+/* ---- decoding under "medium": qk_dot_medium, pv_rows_medium ---------------
+ * A GQA group's few query rows (nq <= 16; dot_max_nq is 8) against a run of
+ * the cache, every product of the group one tile product's:
+ *   scores: C = 16 keys x 16 queries, A = 16 keys x 32 dims of the keys
+ *     (a bfloat16 cache with D % 32 == 0 read in place, else its rows as
+ *     medium_load reads them into rows of round32(D)), B = 16 pairs of dims
+ *     x 16 queries (qp transposed once a call, queries past nq 0); C's
+ *     column i times each key's factor is row i of st;
+ *   P·V: C = the nq rows x 16 dims of acc, loaded and stored in place
+ *     (rows_config: C and A have nq rows), A = nq rows x 32 keys of P
+ *     rounded (medium_prob_pairs, 0 past the keys), B = 16 pairs of keys x
+ *     16 dims: two value rows interleaved into pairs, 32 keys x 32 dims at
+ *     a time.
+ * Keys past a multiple of 16 (scores), a head dimension past DEC_DMAX, and a
+ * call whose queries, keys or values hold an inf or NaN go to the vdpbf16ps
+ * kernels (their bits; within float32 rounding of the sums otherwise). */
+
+#define DEC_DMAX 512 /* the largest D the scores' tiles take: A's rows on the stack */
+
+/* Nonzero if a row element of a float16 or bfloat16 cache is inf or NaN (int8: never).
+ * x: (rows, n) rows sl apart */
+static int any_special_rows(int kind, const void *x, int64_t sl, int rows, int64_t n)
+{
+    if (kind == ATTNX_MEDIUM_I8 || rows <= 0) return 0;
+    return any_special16(x, sl, rows, n, kind == ATTNX_MEDIUM_F16 ? 0x7c00 : 0x7f80);
+}
+
+/* All full but C (tiles 0-3) and A (4-5): nq rows, the group's. */
+static amx_config rows_config(int nq)
+{
+    amx_config c = all_full;
+    for (int t = 0; t < 6; t++) c.rows[t] = (uint8_t)nq;
+    return c;
+}
+
+// qp: (nq, ldp) pairs  k: (nk, D) rows k_sl apart  scale_k: (nk) s_sl apart  st: (nq, ldk)
+void AMX(attnx_qk_dot_medium)(int kind, const uint32_t *qp, int64_t ldp, int nq, const void *k,
+                              int64_t k_sl, const float *scale_k, int64_t s_sl, int nk, int64_t D,
+                              float scale, float *st, int64_t ldk)
+{
+    const int nk16 = nk / TILE * TILE; /* keys the tiles take */
+    const int64_t Dp = (D + TILE_DIMS - 1) / TILE_DIMS * TILE_DIMS;
+    const int64_t esize = kind == ATTNX_MEDIUM_I8 ? 1 : 2;
+    if (!nk16 || nq > TILE || Dp > DEC_DMAX ||
+        any_special16((const uint16_t *)qp, 2 * ldp, nq, D, 0x7f80) ||
+        any_special_rows(kind, k, k_sl, nk16, D)) {
+        attnx_qk_dot_medium_avx512(kind, qp, ldp, nq, k, k_sl, scale_k, s_sl, nk, D, scale, st,
+                                   ldk);
+        return;
+    }
+    uint32_t bt[DEC_DMAX / 2][TILE]; /* B: pairs of dims x queries */
+    for (int64_t p = 0; p < Dp / 2; p++)
+        for (int i = 0; i < TILE; i++) bt[p][i] = i < nq ? qp[i * ldp + p] : 0u;
+    const int in_place = kind == ATTNX_MEDIUM_BF16 && D % TILE_DIMS == 0;
+    uint16_t rows[2 * TILE][DEC_DMAX]; /* A's keys as bfloat16, when not in place */
+    amx_config saved;
+    tiles_take(&saved, &all_full);
+    for (int j = 0; j < nk16; j += 2 * TILE) {
+        const int nkb = nk16 - j >= 2 * TILE ? 2 : 1;
+        const uint16_t *a = rows[0];
+        int64_t a_stride = sizeof rows[0];
+        if (in_place) {
+            a = (const uint16_t *)k + j * k_sl, a_stride = k_sl * 2;
+        } else {
+            for (int r = 0; r < TILE * nkb; r++) {
+                const char *x = (const char *)k + (j + r) * k_sl * esize;
+                for (int64_t c = 0; c < Dp; c += 32)
+                    _mm512_storeu_si512(rows[r] + c,
+                                        D - c >= 32
+                                            ? medium_load(x + c * esize, kind)
+                                            : medium_load_tail(x + c * esize, (int)(D - c), kind));
+            }
+        }
+        c_zero();
+        for (int64_t d = 0; d < Dp; d += TILE_DIMS) {
+            a_load(nkb, a + d, a_stride);
+            b_multiply(nkb, 1, bt[d / 2], sizeof bt[0]);
+        }
+        float c[2 * TILE][TILE];
+        c_store(nkb, 1, &c[0][0], TILE);
+        for (int r = 0; r < TILE * nkb; r++) {
+            const float f = scale_k ? scale * scale_k[(j + r) * s_sl] : scale;
+            for (int i = 0; i < nq; i++) st[i * ldk + j + r] = c[r][i] * f;
+        }
+    }
+    tiles_give_back(&saved);
+    if (nk16 < nk)
+        attnx_qk_dot_medium_avx512(kind, qp, ldp, nq, (const char *)k + nk16 * k_sl * esize, k_sl,
+                                   scale_k ? scale_k + nk16 * s_sl : NULL, s_sl, nk - nk16, D,
+                                   scale, st + nk16, ldk);
+}
+
+/* Words 2t, 2t+1 of pairs_lo: words t of a and b (t < 16); of pairs_hi: words 16 + t. */
+static const uint16_t pairs_lo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                      8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+static const uint16_t pairs_hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
+                                      53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58,
+                                      27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+
+// pt: (nq, ldk)  v: (nk, Dv) rows v_sl apart  scale_v: (nk) s_sl apart  acc: (nq, ldacc)
+void AMX(attnx_pv_rows_medium)(int kind, const float *pt, int64_t ldk, int nq, const void *v,
+                               int64_t v_sl, const float *scale_v, int64_t s_sl, int nk, int64_t Dv,
+                               const float *alpha, float *acc, int64_t ldacc)
+{
+    if (nk < TILE || nq > TILE || any_special_rows(kind, v, v_sl, nk, Dv)) {
+        attnx_pv_rows_medium_avx512(kind, pt, ldk, nq, v, v_sl, scale_v, s_sl, nk, Dv, alpha, acc,
+                                    ldacc);
+        return;
+    }
+    const int64_t esize = kind == ATTNX_MEDIUM_I8 ? 1 : 2, row = v_sl * esize;
+    if (alpha)
+        for (int i = 0; i < nq; i++)
+            for (int64_t d = 0; d < Dv; d += 16) {
+                float *a = acc + i * ldacc + d;
+                _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_set1_ps(alpha[i]), _mm512_loadu_ps(a)));
+            }
+    const __m512i lo = _mm512_loadu_si512(pairs_lo), hi = _mm512_loadu_si512(pairs_hi);
+    uint32_t pp[TILE][ATTNX_BK / 2]; /* A: P's pairs of keys, rows nq */
+    uint32_t vb[TILE][2 * TILE];     /* B: pairs of keys x 32 dims */
+    const amx_config config = rows_config(nq);
+    amx_config saved;
+    tiles_take(&saved, &config);
+    for (int j = 0; j < nk; j += ATTNX_BK) {
+        const int nb = nk - j < ATTNX_BK ? nk - j : ATTNX_BK, steps = (nb + 31) / 32;
+        memset(pp, 0, sizeof pp);
+        medium_prob_pairs(pt + j, ldk, nq, scale_v ? scale_v + j * s_sl : NULL, s_sl, nb, pp[0]);
+        const char *vj = (const char *)v + j * row;
+        for (int64_t d0 = 0; d0 < Dv; d0 += 2 * TILE) {
+            c_load(1, 2, acc + d0, ldacc);
+            for (int s = 0; s < steps; s++) {
+                for (int m = 0; m < TILE; m++) {
+                    const int k0 = 32 * s + 2 * m; /* keys k0, k0 + 1 of the chunk */
+                    const char *x = vj + k0 * row + d0 * esize;
+                    const __m512i e = k0 < nb ? medium_load(x, kind) : _mm512_setzero_si512();
+                    const __m512i o =
+                        k0 + 1 < nb ? medium_load(x + row, kind) : _mm512_setzero_si512();
+                    _mm512_storeu_si512(vb[m], _mm512_permutex2var_epi16(e, lo, o));
+                    _mm512_storeu_si512(vb[m] + TILE, _mm512_permutex2var_epi16(e, hi, o));
+                }
+                a_load(1, pp[0] + s * TILE, sizeof pp[0]);
+                b_multiply(1, 2, vb, sizeof vb[0]);
+            }
+            c_store(1, 2, acc + d0, ldacc);
+        }
+    }
+    tiles_give_back(&saved);
+}
+
 /* ---- the tiles' peak (kernels.h: amx_burn) ------------------------------------------- */
 double AMX(attnx_amx_burn)(int64_t rounds, float *sink)
 {
@@ -649,7 +800,7 @@ double AMX(attnx_amx_burn)(int64_t rounds, float *sink)
     float c[TILE * TILE];
     for (int e = 0; e < TILE * TILE_DIMS; e++) ab[e] = 0x3b80; /* 2^-8 */
     amx_config saved;
-    tiles_take(&saved);
+    tiles_take(&saved, &all_full);
     _tile_loadd(4, ab, 64);
     _tile_loadd(5, ab, 64);
     _tile_loadd(6, ab, 64);

@@ -24,13 +24,15 @@
 #define QK_BF16_TABLE attnx_kernels_avx512_bf16 /* with AVX512_BF16: + qk_bf16 */
 #define QK_BF16 attnx_qk_bf16_avx512
 #define PV_MEDIUM attnx_pv_medium_avx512
-#define PTX_MEDIUM attnx_ptx_medium_avx512
+/* decoding and the backward's products under "medium", kernels.h's ATTNX_MEDIUM_ROWS_KERNELS */
+#define MEDIUM_ROWS(s)                                                                    \
+    .qk_dot_medium = attnx_qk_dot_medium_##s, .pv_rows_medium = attnx_pv_rows_medium_##s, \
+    .ptx_medium = attnx_ptx_medium_##s
 #define BF16DOT_BURN attnx_bf16dot_burn_avx512
-/* "medium" for inputs that are not bfloat16 and for decoding (avx512_bf16.c); each table adds
- * its ptx_medium (the vdpbf16ps kernel, or amx.c's on tiles) */
-#define MEDIUM_ENTRIES                                                              \
-    .round_rows = attnx_round_rows_avx512, .round_pairs = attnx_round_pairs_avx512, \
-    .qk_dot_medium = attnx_qk_dot_medium_avx512, .pv_rows_medium = attnx_pv_rows_medium_avx512
+/* "medium" for inputs that are not bfloat16 (avx512_bf16.c); each table adds its decoding
+ * and backward kernels (avx512_bf16.c's with vdpbf16ps, or amx.c's on tiles) */
+#define MEDIUM_ENTRIES \
+    .round_rows = attnx_round_rows_avx512, .round_pairs = attnx_round_pairs_avx512
 #define QK_AMX_TABLE attnx_kernels_avx512_amx /* with AMX-BF16: + amx.c's tile kernels */
 #define QK_AMX_EMULATED_TABLE attnx_kernels_avx512_amx_emulated /* the same on the model */
 #define QK_MR 8 /* 8 keys x 2 vectors: 16 accumulators */

@@ -271,10 +271,11 @@ typedef struct attnx_kernels {
      * products): few query rows against a bfloat16, int8 or float16 cache
      * read in place (kind: attnx_medium_rows), with vdpbf16ps; the references
      * attnx_qk_dot_medium_scalar and attnx_pv_rows_medium_scalar, whose bits
-     * they give. A key or value of an int8 row is its int8 value, exact in
-     * bfloat16, and of a float16 row its value rounded to bfloat16
-     * (attnx_bf16_round); scale[j*s_sl] is an int8 row's scale (NULL for
-     * the others).
+     * they give (on AMX's tiles within float32 rounding of their sums, and
+     * their bits for a call holding an inf or NaN: amx.c). A key or value
+     * of an int8 row is its int8 value, exact in bfloat16, and of a float16
+     * row its value rounded to bfloat16 (attnx_bf16_round); scale[j*s_sl]
+     * is an int8 row's scale (NULL for the others).
      * qk_dot_medium: the rows' queries rounded to bfloat16 pairs (round_rows
      * into rows of ldp words, 0 past D) against the keys, decoding's tile:
      *   st[i*ldk + j] = hsum16(a) * (scale · s_j)    (s_j = scale[j*s_sl], or 1)
@@ -443,8 +444,7 @@ extern const attnx_kernels attnx_kernels_avx512_amx_emulated;
     void attnx_pv_medium_##s(const float *pt, int64_t ldq, int nq, const uint16_t *v,              \
                              int64_t v_sl, int nk, int64_t Dv, const float *alpha, float *acct,    \
                              float *work);                                                         \
-    void attnx_ptx_medium_##s(const uint16_t *pp, int64_t ldp, int nq, const uint32_t *xp,         \
-                              int64_t ldx, int nk, int64_t n, float *acc, int64_t ldacc);          \
+    ATTNX_MEDIUM_ROWS_KERNELS(s)                                                                   \
     double attnx_amx_burn_##s(int64_t rounds, float *sink);
 ATTNX_AMX_KERNELS(amx)
 ATTNX_AMX_KERNELS(amx_emulated)

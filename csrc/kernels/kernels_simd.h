@@ -830,9 +830,9 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
     return (double)rounds * ATTNX_PEAK_CHAINS * W * 2;
 }
 
-/* The table, and where the includer names them (QK_BF16_TABLE, QK_BF16; and
- * QK_AMX_TABLE, QK_AMX_EMULATED_TABLE) the same kernels with a qk_bf16 (and a
- * pv_bf16) too (avx512.c: the kernels are in avx512_bf16.c and amx.c). */
+/* The table, and where the includer names them (QK_BF16_TABLE, QK_BF16,
+ * MEDIUM_ROWS(suffix); and QK_AMX_TABLE, QK_AMX_EMULATED_TABLE) the same kernels with a qk_bf16
+ * (and a pv_bf16) too (avx512.c: the kernels are in avx512_bf16.c and amx.c). */
 // clang-format off
 #define SIMD_ENTRIES                                  \
     .qk = SUFFIX(qk),                                 \
@@ -864,9 +864,8 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
 const attnx_kernels SUFFIX(attnx_kernels) = {SIMD_ENTRIES};
 #ifdef QK_BF16_TABLE
 const attnx_kernels QK_BF16_TABLE = {
-    SIMD_ENTRIES,      .qk_bf16 = QK_BF16,       .pv_medium = PV_MEDIUM,
-    MEDIUM_ENTRIES,    .ptx_medium = PTX_MEDIUM, .bf16dot_burn = BF16DOT_BURN,
-    .pv_half_tiles = 1};
+    SIMD_ENTRIES,        .qk_bf16 = QK_BF16,           .pv_medium = PV_MEDIUM, MEDIUM_ENTRIES,
+    MEDIUM_ROWS(avx512), .bf16dot_burn = BF16DOT_BURN, .pv_half_tiles = 1};
 #endif
 #ifdef QK_AMX_TABLE
 /* amx.c's kernels, named *_amx, and on the tile unit's model *_amx_emulated */
@@ -874,8 +873,7 @@ const attnx_kernels QK_BF16_TABLE = {
     .qk_bf16 = attnx_qk_bf16_##s, .pv_bf16 = attnx_pv_bf16_##s, .qk_split = attnx_qk_split_##s, \
     .pv_split = attnx_pv_split_##s, .split_rows = attnx_split_rows_##s,                         \
     .split_pairs = attnx_split_pairs_##s, .pv_medium = attnx_pv_medium_##s, MEDIUM_ENTRIES,     \
-    .ptx_medium = attnx_ptx_medium_##s, .bf16dot_burn = BF16DOT_BURN,                           \
-    .amx_burn = attnx_amx_burn_##s
+    MEDIUM_ROWS(s), .bf16dot_burn = BF16DOT_BURN, .amx_burn = attnx_amx_burn_##s
 const attnx_kernels QK_AMX_TABLE = {SIMD_ENTRIES, AMX_ENTRIES(amx)};
 const attnx_kernels QK_AMX_EMULATED_TABLE = {SIMD_ENTRIES, AMX_ENTRIES(amx_emulated)};
 #endif

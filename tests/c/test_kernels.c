@@ -1581,10 +1581,14 @@ static void test_round(const char *isa)
  * The references first, on ordinary values: within the summation bound of
  * the float64 sum of their rounded products (the products are exact), the
  * scales applied as the contract says. Then each kernel of the instruction
- * set's bfloat16 dot products gives its reference's bits, for bfloat16 rows
- * of any bits (inf, NaN, subnormals) and int8 rows, query rows 1 .. 9, keys
- * past a tile (pv), dims not a multiple of 32 (qk), with and without the
- * rescale, and writes nothing past its rows (guards). */
+ * set's bfloat16 dot products gives its reference's bits (vdpbf16ps), for
+ * bfloat16 and float16 rows of any bits (inf, NaN, subnormals) and int8
+ * rows, query rows 1 .. 9, keys past a tile (pv), dims not a multiple of 32
+ * (qk), with and without the rescale, and writes nothing past its rows
+ * (guards). AMX's tiles sum their own way: within the references' bound on
+ * ordinary values, over whole and partial blocks of 16 and 32 keys, and the
+ * reference's bits where a NaN is planted where they would read it (they
+ * leave such a call to vdpbf16ps). */
 typedef struct {
     int kind, nq, nk, D, Dv, special;
     int64_t k_sl;
@@ -1645,68 +1649,92 @@ static double medium_rows_at(const medium_rows_case *c, int j, int e)
     return bf16_value(c->kind == ATTNX_MEDIUM_F16 ? attnx_bf16_round(attnx_half_to_float(h)) : h);
 }
 
-static void medium_rows_reference(const medium_rows_case *c)
+/* kt's kernels (NULL: the references) on ordinary values: within the
+ * summation bound of the float64 sum of their rounded products (exact), the
+ * scales applied as the contract says, from alpha (with_alpha) times the
+ * accumulator; nothing written past st's keys or acc's dims. qk, pv: which
+ * of the two to check. */
+static void medium_rows_bound(const attnx_kernels *kt, const medium_rows_case *c, int with_alpha,
+                              int qk, int pv)
 {
     const float scale = 0.125f;
-    float *st = guarded((size_t)(c->nq * c->ldk));
-    attnx_qk_dot_medium_scalar(c->kind, c->qp, c->ldp, c->nq, c->k, c->k_sl, c->scale, 2, c->nk,
-                               c->D, scale, st, c->ldk);
-    for (int i = 0; i < c->nq; i++)
-        for (int j = 0; j < c->nk; j++) {
-            double sum = 0.0, abs = 0.0;
-            for (int d = 0; d < c->D; d++) {
-                const double t =
-                    bf16_value((uint16_t)(c->qp[i * c->ldp + d / 2] >> (16 * (d % 2)))) *
-                    medium_rows_at(c, j, d);
-                sum += t;
-                abs += fabs(t);
+    if (qk) {
+        float *st = guarded((size_t)(c->nq * c->ldk));
+        (kt ? kt->qk_dot_medium : attnx_qk_dot_medium_scalar)(c->kind, c->qp, c->ldp, c->nq, c->k,
+                                                              c->k_sl, c->scale, 2, c->nk, c->D,
+                                                              scale, st, c->ldk);
+        cur.cases++;
+        for (int i = 0; i < c->nq; i++)
+            for (int j = 0; j < c->ldk; j++) {
+                if (j >= c->nk) {
+                    expect(st[i * c->ldk + j] == GUARD, "st[%d][%d] written past the keys", i, j);
+                    continue;
+                }
+                double sum = 0.0, abs = 0.0;
+                for (int d = 0; d < c->D; d++) {
+                    const double t =
+                        bf16_value((uint16_t)(c->qp[i * c->ldp + d / 2] >> (16 * (d % 2)))) *
+                        medium_rows_at(c, j, d);
+                    sum += t;
+                    abs += fabs(t);
+                }
+                const double f = c->scale ? (double)(scale * c->scale[2 * j]) : scale;
+                expect_within(st[i * c->ldk + j], (float)(sum * f),
+                              ((c->D + 4) * 0x1p-23 * abs + 0x1p-100) * f, "st", i, j);
             }
-            const double f = c->scale ? (double)(scale * c->scale[2 * j]) : scale;
-            cur.cases++;
-            expect_within(st[i * c->ldk + j], (float)(sum * f),
-                          ((c->D + 4) * 0x1p-23 * abs + 0x1p-100) * f, "st", i, j);
-        }
-    free(st);
-    float *acc = malloc(sizeof(float) * (size_t)(c->nq * c->Dv)),
-          *alpha = malloc(sizeof(float) * 9);
-    for (int e = 0; e < c->nq * c->Dv; e++) acc[e] = nrand();
-    for (int i = 0; i < 9; i++) alpha[i] = (float)urand();
-    float *got = malloc(sizeof(float) * (size_t)(c->nq * c->Dv));
-    memcpy(got, acc, sizeof(float) * (size_t)(c->nq * c->Dv));
-    attnx_pv_rows_medium_scalar(c->kind, c->pt, c->ldk, c->nq, c->k, c->k_sl, c->scale, 2, c->nk,
-                                c->Dv, alpha, got, c->Dv);
+        free(st);
+    }
+    if (!pv) return;
+    const int64_t ldacc = c->Dv + 16;
+    const size_t n = (size_t)(c->nq * ldacc);
+    float *acc = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n), alpha[16];
+    for (size_t e = 0; e < n; e++) acc[e] = (int64_t)e % ldacc < c->Dv ? nrand() : GUARD;
+    for (int i = 0; i < 16; i++) alpha[i] = with_alpha ? (float)urand() : 1.0f;
+    memcpy(got, acc, sizeof(float) * n);
+    (kt ? kt->pv_rows_medium : attnx_pv_rows_medium_scalar)(c->kind, c->pt, c->ldk, c->nq, c->k,
+                                                            c->k_sl, c->scale, 2, c->nk, c->Dv,
+                                                            with_alpha ? alpha : NULL, got, ldacc);
+    cur.cases++;
     for (int i = 0; i < c->nq; i++)
-        for (int d = 0; d < c->Dv; d++) {
-            double sum = (double)(acc[i * c->Dv + d] * alpha[i]), abs = fabs(sum);
+        for (int64_t d = 0; d < ldacc; d++) {
+            if (d >= c->Dv) {
+                expect(got[i * ldacc + d] == GUARD, "acc[%d][%d] written past Dv", i, (int)d);
+                continue;
+            }
+            double sum = (double)(acc[i * ldacc + d] * alpha[i]), abs = fabs(sum);
             for (int j = 0; j < c->nk; j++) {
                 const float p =
                     c->scale ? c->pt[i * c->ldk + j] * c->scale[2 * j] : c->pt[i * c->ldk + j];
-                const double t = bf16_value(attnx_bf16_round(p)) * medium_rows_at(c, j, d);
+                const double t = bf16_value(attnx_bf16_round(p)) * medium_rows_at(c, j, (int)d);
                 sum += t;
                 abs += fabs(t);
             }
-            cur.cases++;
-            expect_within(got[i * c->Dv + d], (float)sum,
-                          (c->nk + 4) * 0x1p-23 * abs + c->nk * 0x1p-120, "acc", i, d);
+            expect_within(got[i * ldacc + d], (float)sum,
+                          (c->nk + 4) * 0x1p-23 * abs + c->nk * 0x1p-120, "acc", i, (int)d);
         }
     free(acc);
-    free(alpha);
     free(got);
 }
 
-static void medium_rows_compare(const attnx_kernels *kt, const medium_rows_case *c, int with_alpha)
+/* kt's kernels against the references: the same bits, guards past the
+ * keys (st) and dims (acc) compared too. qk, pv: which of the two to compare. */
+static void medium_rows_compare(const attnx_kernels *kt, const medium_rows_case *c, int with_alpha,
+                                int qk, int pv)
 {
     const float scale = 0.0883883f;
-    float *st = guarded((size_t)(c->nq * c->ldk)), *ref = guarded((size_t)(c->nq * c->ldk));
-    kt->qk_dot_medium(c->kind, c->qp, c->ldp, c->nq, c->k, c->k_sl, c->scale, 2, c->nk, c->D, scale,
-                      st, c->ldk);
-    attnx_qk_dot_medium_scalar(c->kind, c->qp, c->ldp, c->nq, c->k, c->k_sl, c->scale, 2, c->nk,
-                               c->D, scale, ref, c->ldk);
-    cur.cases++;
-    for (int e = 0; e < c->nq * c->ldk; e++) /* guards past nk compared too */
-        expect_same(st[e], ref[e], "st", e / (int)c->ldk, e % (int)c->ldk);
-    free(st);
-    free(ref);
+    if (qk) {
+        float *st = guarded((size_t)(c->nq * c->ldk)), *ref = guarded((size_t)(c->nq * c->ldk));
+        kt->qk_dot_medium(c->kind, c->qp, c->ldp, c->nq, c->k, c->k_sl, c->scale, 2, c->nk, c->D,
+                          scale, st, c->ldk);
+        attnx_qk_dot_medium_scalar(c->kind, c->qp, c->ldp, c->nq, c->k, c->k_sl, c->scale, 2, c->nk,
+                                   c->D, scale, ref, c->ldk);
+        cur.cases++;
+        for (int e = 0; e < c->nq * c->ldk; e++) /* guards past nk compared too */
+            expect_same(st[e], ref[e], "st", e / (int)c->ldk, e % (int)c->ldk);
+        free(st);
+        free(ref);
+    }
+    if (!pv) return;
     const int64_t ldacc = c->Dv + 16;
     float *acc = malloc(sizeof(float) * (size_t)(c->nq * ldacc)), alpha[16];
     for (int e = 0; e < c->nq * ldacc; e++) acc[e] = (e % ldacc) < c->Dv ? nrand() : GUARD;
@@ -1723,6 +1751,20 @@ static void medium_rows_compare(const attnx_kernels *kt, const medium_rows_case 
         expect_same(acc[e], want[e], "acc", e / (int)ldacc, e % (int)ldacc);
     free(acc);
     free(want);
+}
+
+/* A NaN where AMX's tiles would read it, so that they leave the call to
+ * vdpbf16ps (its bits): a key (and value) among the keys the score tiles
+ * take, or for int8 rows (never NaN) a query's. */
+static void medium_rows_plant_nan(medium_rows_case *c)
+{
+    if (c->kind == ATTNX_MEDIUM_I8) {
+        c->qp[0] = (c->qp[0] & 0xffff0000u) | 0x7fc0u;
+        return;
+    }
+    const int keys = c->nk >= 16 ? c->nk / 16 * 16 : c->nk, dims = c->D < c->Dv ? c->D : c->Dv;
+    ((uint16_t *)c->k)[(int)(urand() * keys) * c->k_sl + (int)(urand() * dims)] =
+        c->kind == ATTNX_MEDIUM_F16 ? 0x7e00u : 0x7fc0u;
 }
 
 /* The groups of a "medium" kernel test, one a call: isa NULL, the reference
@@ -1769,7 +1811,7 @@ static void test_medium_rows(const char *isa)
     const attnx_dots *dots = NULL;
     const attnx_kernels *kt;
     int identical;
-    while (next_medium_group(isa, "medium rows", has_medium_rows, 0, &dots, &kt, &identical)) {
+    while (next_medium_group(isa, "medium rows", has_medium_rows, 1, &dots, &kt, &identical)) {
         for (int kind = ATTNX_MEDIUM_BF16; kind <= ATTNX_MEDIUM_F16; kind++)
             for (int nq = 1; nq <= 9; nq += 2)
                 for (int nk = 1; nk <= 300; nk += (nk < 12 ? 1 : 47))
@@ -1777,10 +1819,20 @@ static void test_medium_rows(const char *isa)
                         const int Dv = 32 * (1 + (nk + D) % 4);
                         for (int special = 0; special < (isa ? 2 : 1); special++) {
                             medium_rows_case c = medium_rows_make(kind, nq, nk, D, Dv, special);
-                            if (isa)
-                                medium_rows_compare(kt, &c, (nk + nq) % 2);
-                            else
-                                medium_rows_reference(&c);
+                            const int alpha = (nk + nq) % 2;
+                            if (!isa) {
+                                medium_rows_bound(NULL, &c, 1, 1, 1);
+                            } else if (identical) {
+                                medium_rows_compare(kt, &c, alpha, 1, 1);
+                            } else if (!special) { /* tiles: their own order of the sums */
+                                medium_rows_bound(kt, &c, alpha, 1, 1);
+                            } else { /* tiles: vdpbf16ps's bits (int8 values: no NaN,
+                                        so P·V on the tiles, within the bound) */
+                                medium_rows_plant_nan(&c);
+                                const int i8 = kind == ATTNX_MEDIUM_I8;
+                                medium_rows_compare(kt, &c, alpha, 1, !i8);
+                                if (i8) medium_rows_bound(kt, &c, alpha, 0, 1);
+                            }
                             medium_rows_free(&c);
                         }
                     }
