@@ -256,6 +256,44 @@ def test_medium_backward_rounds_q_and_dout_for_dk_and_dv(rng, threads):
         attnx.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("which", ["query", "dout"])
+def test_medium_keeps_float32_where_a_value_would_round_to_inf(rng, threads, which):
+    """A finite query or upstream gradient element at or past 0x1.ffp127
+    rounds to bfloat16's inf: under "medium" its block of rows keeps float32
+    (the forward's scores, the backward's S, or its dP and D), so the output
+    and gradients stay finite and near "highest"'s where rounding would have
+    made infs and NaNs. Keys (or values) scaled down so that the products
+    stay finite in float32; the big element in the second block of 64 rows."""
+    q, k, v = _qkv(rng, Lq=96, Lk=80)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    big = np.float32(float.fromhex("0x1.ffp127"))  # the least |x| that rounds to inf (a tie)
+    if which == "query":
+        q[0, 1, 70, 3] = big
+        k *= np.float32(1e-36)
+    else:
+        dout[0, 2, 70, 5] = big
+        v *= np.float32(1e-3)
+    previous = attnx.get_num_threads()
+    attnx.set_num_threads(threads)
+    try:
+        runs = {p: attnx.scaled_dot_product_attention_vjp(q, k, v, enable_gqa=True, precision=p)
+                for p in ("medium", "highest")}
+        grads = {p: fn(dout) for p, (_, fn) in runs.items()}
+    finally:
+        attnx.set_num_threads(previous)
+    pairs = [("out", runs["medium"][0], runs["highest"][0])]
+    pairs += [(n, getattr(grads["medium"], n), getattr(grads["highest"], n))
+              for n in ("query", "key", "value")]
+    for name, got, want in pairs:
+        assert np.isfinite(want).all(), name  # the case's own check: float32 stays finite
+        assert np.isfinite(got).all(), f"{name}: inf or NaN under medium"
+        got64, want64 = got.astype(np.float64), want.astype(np.float64)  # norms past float32's range
+        assert np.linalg.norm(got64 - want64) <= 0.03 * np.linalg.norm(want64), name
+        if _attnx.bf16_dots() is None:
+            assert np.array_equal(got, want), name
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8", "float16"])
 @pytest.mark.parametrize("rows, D", [(1, 64), (4, 128), (3, 40)])
 @pytest.mark.parametrize("threads", [1, 2])

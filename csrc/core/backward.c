@@ -193,15 +193,28 @@ static int round_row_pairs(const attnx_kernels *kt, const float *x, int64_t x_sl
                            uint32_t *buf, int64_t ld)
 {
     float *rows = (float *)(void *)buf;
-    int over = 0;
     for (int i = 0; i < nq; i++) {
         float *r = rows + i * ld;
         memcpy(r, x + i * x_sl, sizeof(float) * (size_t)n);
         memset(r + n, 0, sizeof(float) * (size_t)(ld - n));
-        for (int64_t e = 0; e < n; e++) over |= fabsf(r[e]) >= ATTNX_BF16_INF_FROM;
     }
     kt->round_pairs(rows, ld, (int)n, nq);
-    return over;
+    return attnx_rows_overflow_bf16(x, x_sl, nq, n);
+}
+
+/* Under "medium", whether a block of rows keeps float32 for dP and D
+ * because a value would round to an inf (attnx_rows_overflow_bf16): a
+ * query's (*q_over: its scores keep float32 too, as the forward's
+ * pack_queries decides, which then took the block's P·V in float32 as well,
+ * so that O is of the float32 values) or dO's. bwd_start_block and
+ * dsum_item decide alike. */
+static int block_keeps_float(const bwd_job *bj, int64_t b, int64_t h, int64_t i0, int nq,
+                             int *q_over)
+{
+    const attnx_problem *p = bj->run.p;
+    *q_over = attnx_rows_overflow_bf16(at_in(&p->q, b, h, i0), p->q.sl, nq, p->D);
+    return *q_over ||
+           attnx_rows_overflow_bf16(at_in(&bj->g->dout, b, h, i0), bj->g->dout.sl, nq, p->Dv);
 }
 
 /* A block's queries packed, its upstream gradient packed, its lse and D
@@ -219,6 +232,9 @@ static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, tile_split 
     attnx_pack_rows_t(kt, dout, g->dout.sl, nq, p->Dv, 1.0f, s->dot);
     const int64_t dp = bj->plan.split_dp, dpv = bj->plan.split_dpv;
     if (bj->plan.parts == 1) { /* "medium": unscaled, rounded into pairs (kernels.h) */
+        int q_over;
+        if (block_keeps_float(bj, b, h, i0, nq, &q_over)) sp->dp = 0;
+        if (q_over) sp->scores = 0;
         if (sp->scores) {
             kt->pack_qt(at_in(&p->q, b, h, i0), p->q.sl, nq, p->D, 1.0f, (float *)s->qparts, BQ);
             kt->round_pairs((float *)s->qparts, BQ, nq, p->D);
@@ -547,16 +563,23 @@ static inline float dout_as_rounded(float x)
  * arithmetic (a causal row's first key: P = 1, O = v). In a float64 model
  * of these roundings, over 12 draws of B=1 Hq=4 Hk=2 L=48 D=32 causal, the
  * largest dq and dk errors went from 1.48x and 1.36x torch bfloat16's to
- * 0.97x and 0.99x with it (L=256 D=64 causal: dq 1.29x to 0.99x). */
+ * 0.97x and 0.99x with it (L=256 D=64 causal: dq 1.29x to 0.99x). A block
+ * that keeps float32 for its dP (block_keeps_float) keeps it here too. */
 static void dsum_item(void *arg, int tid, int64_t item)
 {
     const bwd_job *bj = arg;
     const attnx_problem *p = bj->run.p;
     const attnx_grad_problem *g = bj->g;
     const int64_t b = item / p->Hq, h = item % p->Hq;
-    const int rounded = bj->plan.parts == 1;
+    const head_bounds hb = bounds_of(p, b, h);
+    int rounded = 0;
     float row[16];
     for (int64_t i = 0; i < p->Lq; i++) {
+        if (i % BQ == 0) { /* a block of rows as bwd_start_block takes it, its dO rounded or not */
+            int q_over;
+            const int nq = rows_attending(&hb, i, (int)min64(BQ, p->Lq - i));
+            rounded = bj->plan.parts == 1 && !block_keeps_float(bj, b, h, i, nq, &q_over);
+        }
         const float *dout = at_in(&g->dout, b, h, i), *o = at_in(&g->o, b, h, i);
         float lanes[16] = {0.0f};
         int64_t e = 0;

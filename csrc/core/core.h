@@ -24,6 +24,7 @@
 #ifndef ATTNX_CORE_H
 #define ATTNX_CORE_H
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -107,6 +108,19 @@ static inline int64_t keys_end(const head_bounds *hb, int64_t i0, int64_t nq)
 }
 
 /* The key/value head that query head h reads (grouped-query attention). */
+/* Whether rows x (rows, n; sl apart) hold a value of magnitude at least
+ * ATTNX_BF16_INF_FROM (an inf included), which "medium" would round to an
+ * inf: the block keeps float32 for its queries (the forward's
+ * pack_queries, the backward's S) or its dO (the backward's dP and D), the
+ * forward and the backward deciding alike a block of rows. */
+static inline int attnx_rows_overflow_bf16(const float *x, int64_t sl, int rows, int64_t n)
+{
+    int over = 0;
+    for (int i = 0; i < rows; i++)
+        for (int64_t e = 0; e < n; e++) over |= fabsf(x[i * sl + e]) >= ATTNX_BF16_INF_FROM;
+    return over;
+}
+
 static inline int64_t kv_head(const attnx_problem *p, int64_t h) { return h / (p->Hq / p->Hk); }
 
 /* Rows [0, n) of query block i0 that attend: past the head's qlen give zeros. */

@@ -111,7 +111,8 @@ typedef enum {
 /* Pack the item's queries: with the bfloat16 dot products (a block of
  * bfloat16 queries against bfloat16 keys, not decoding; or under "medium"
  * any queries, rounded, against the head's rounded keys) as bfloat16 pairs
- * qt2 (ceil(D/2), BQ), unscaled, in s->qt; else pre-scaled, for few queries
+ * qt2 (ceil(D/2), BQ), unscaled, in s->qt (not where a query would round
+ * to an inf: attnx_rows_overflow_bf16); else pre-scaled, for few queries
  * as rows qr (nq, D), else transposed qt (D, BQ), zero-padded to a whole
  * vector, and with split_dp then split into s->qparts too, unless the
  * queries or the head's keys hold a value the split cannot take. */
@@ -123,7 +124,8 @@ static query_packing pack_queries(const fwd_job *jb, const fwd_scratch *s, const
         if (jb->run.bf16_dots &&
             attnx_pack_qt_bf16(q, p->q.sl, it->nq, p->D, (uint32_t *)s->qt, BQ))
             return QUERIES_PAIRS;
-        if (jb->run.round_dk && !jb->kspecial[parts_slot(jb, it->b, it->hk)]) {
+        if (jb->run.round_dk && !jb->kspecial[parts_slot(jb, it->b, it->hk)] &&
+            !attnx_rows_overflow_bf16(q, p->q.sl, it->nq, p->D)) {
             jb->run.kt->pack_qt(q, p->q.sl, it->nq, p->D, 1.0f, s->qt, BQ); /* exact */
             jb->run.kt->round_pairs(s->qt, BQ, it->nq, p->D);
             return QUERIES_PAIRS;
