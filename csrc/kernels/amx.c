@@ -658,9 +658,10 @@ void AMX(attnx_ptx_medium)(const uint16_t *pp, int64_t ldp, int nq, const uint32
  *     rounded (medium_prob_pairs, 0 past the keys), B = 16 pairs of keys x
  *     16 dims: two value rows interleaved into pairs, 32 keys x 32 dims at
  *     a time.
- * Keys past a multiple of 16 (scores), a head dimension past DEC_DMAX, and a
- * call whose queries, keys or values hold an inf or NaN go to the vdpbf16ps
- * kernels (their bits; within float32 rounding of the sums otherwise). */
+ * Keys past a multiple of 16 (scores), fewer than 16 keys (P·V), a head
+ * dimension past DEC_DMAX, and a call whose queries, keys or values hold an
+ * inf or NaN go to the vdpbf16ps kernels (their bits; within float32
+ * rounding of the sums otherwise). */
 
 #define DEC_DMAX 512 /* the largest D the scores' tiles take: A's rows on the stack */
 
@@ -688,7 +689,7 @@ void AMX(attnx_qk_dot_medium)(int kind, const uint32_t *qp, int64_t ldp, int nq,
     const int nk16 = nk / TILE * TILE; /* keys the tiles take */
     const int64_t Dp = (D + TILE_DIMS - 1) / TILE_DIMS * TILE_DIMS;
     const int64_t esize = kind == ATTNX_MEDIUM_I8 ? 1 : 2;
-    if (!nk16 || nq > TILE || Dp > DEC_DMAX ||
+    if (!nk16 || nq <= 0 || nq > TILE || Dp > DEC_DMAX ||
         any_special16((const uint16_t *)qp, 2 * ldp, nq, D, 0x7f80) ||
         any_special_rows(kind, k, k_sl, nk16, D)) {
         attnx_qk_dot_medium_avx512(kind, qp, ldp, nq, k, k_sl, scale_k, s_sl, nk, D, scale, st,
@@ -749,7 +750,7 @@ void AMX(attnx_pv_rows_medium)(int kind, const float *pt, int64_t ldk, int nq, c
                                int64_t v_sl, const float *scale_v, int64_t s_sl, int nk, int64_t Dv,
                                const float *alpha, float *acc, int64_t ldacc)
 {
-    if (nk < TILE || nq > TILE || any_special_rows(kind, v, v_sl, nk, Dv)) {
+    if (nk < TILE || nq <= 0 || nq > TILE || any_special_rows(kind, v, v_sl, nk, Dv)) {
         attnx_pv_rows_medium_avx512(kind, pt, ldk, nq, v, v_sl, scale_v, s_sl, nk, Dv, alpha, acc,
                                     ldacc);
         return;
