@@ -107,7 +107,6 @@ static inline int64_t keys_end(const head_bounds *hb, int64_t i0, int64_t nq)
     return nq <= 0 ? 0 : clamp64(i0 + nq + hb->hi, 0, hb->klen);
 }
 
-/* The key/value head that query head h reads (grouped-query attention). */
 /* Whether rows x (rows, n; sl apart) hold a value of magnitude at least
  * ATTNX_BF16_INF_FROM (an inf included), which "medium" would round to an
  * inf: the block keeps float32 for its queries (the forward's
@@ -121,6 +120,7 @@ static inline int attnx_rows_overflow_bf16(const float *x, int64_t sl, int rows,
     return over;
 }
 
+/* The key/value head that query head h reads (grouped-query attention). */
 static inline int64_t kv_head(const attnx_problem *p, int64_t h) { return h / (p->Hq / p->Hk); }
 
 /* Rows [0, n) of query block i0 that attend: past the head's qlen give zeros. */

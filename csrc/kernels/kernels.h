@@ -302,9 +302,10 @@ typedef struct attnx_kernels {
      * dot products; the reference attnx_ptx_medium_scalar, whose bits it
      * gives with vdpbf16ps, and within float32 rounding of the sum on AMX's
      * tiles, which take blocks of 16 keys x 16 dims and leave the rest, and
-     * a call holding an inf or NaN, to vdpbf16ps): dV += Pᵀ dO and dK += dSᵀ Q with the tile (P or
-     * dS) and the rows (dO or Q) rounded to bfloat16 by the caller (kt->round_rows, and
-     * kt->round_pairs on the rows), the products as vdpbf16ps takes pairs of
+     * a call holding an inf or NaN, to vdpbf16ps): dV += Pᵀ dO and
+     * dK += dSᵀ Q with the tile (P or dS) and the rows (dO or Q) rounded to
+     * bfloat16 by the caller (kt->round_rows, and kt->round_pairs on the
+     * rows), the products as vdpbf16ps takes pairs of
      * queries (the odd one first), summed from zero, the sum then added:
      *   s = 0;  for m < ceil(nq/2):
      *     s = dp(pp[j][2m+1], x[2m+1][e], s);  s = dp(pp[j][2m], x[2m][e], s)

@@ -831,8 +831,9 @@ static double SUFFIX(fma_burn)(int64_t rounds, float *sink)
 }
 
 /* The table, and where the includer names them (QK_BF16_TABLE, QK_BF16,
- * MEDIUM_ROWS(suffix); and QK_AMX_TABLE, QK_AMX_EMULATED_TABLE) the same kernels with a qk_bf16
- * (and a pv_bf16) too (avx512.c: the kernels are in avx512_bf16.c and amx.c). */
+ * MEDIUM_ROWS(suffix); and QK_AMX_TABLE, QK_AMX_EMULATED_TABLE) the same
+ * kernels with a qk_bf16 (and a pv_bf16) too (avx512.c: the kernels are in
+ * avx512_bf16.c and amx.c). */
 // clang-format off
 #define SIMD_ENTRIES                                  \
     .qk = SUFFIX(qk),                                 \
