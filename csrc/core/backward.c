@@ -187,10 +187,9 @@ static void bwd_tile(const bwd_job *bj, const bwd_scratch *s, const tile_split *
 
 /* Rows x (nq, n) rounded into ptx_medium's pairs of rows (kernels.h) in
  * place in buf (rows ld floats apart, ld >= n rounded up to 16): copied
- * (read once; 0 past n), then kt->round_pairs. Returns nonzero if a value
- * is or rounds to an inf (the caller keeps the FMAs). */
-static int round_row_pairs(const attnx_kernels *kt, const float *x, int64_t x_sl, int nq, int64_t n,
-                           uint32_t *buf, int64_t ld)
+ * (read once; 0 past n), then kt->round_pairs. */
+static void round_row_pairs(const attnx_kernels *kt, const float *x, int64_t x_sl, int nq,
+                            int64_t n, uint32_t *buf, int64_t ld)
 {
     float *rows = (float *)(void *)buf;
     for (int i = 0; i < nq; i++) {
@@ -199,22 +198,21 @@ static int round_row_pairs(const attnx_kernels *kt, const float *x, int64_t x_sl
         memset(r + n, 0, sizeof(float) * (size_t)(ld - n));
     }
     kt->round_pairs(rows, ld, (int)n, nq);
-    return attnx_rows_overflow_bf16(x, x_sl, nq, n);
 }
 
-/* Under "medium", whether a block of rows keeps float32 for dP and D
- * because a value would round to an inf (attnx_rows_overflow_bf16): a
- * query's (*q_over: its scores keep float32 too, as the forward's
- * pack_queries decides, which then took the block's P·V in float32 as well,
- * so that O is of the float32 values) or dO's. bwd_start_block and
- * dsum_item decide alike. */
-static int block_keeps_float(const bwd_job *bj, int64_t b, int64_t h, int64_t i0, int nq,
-                             int *q_over)
+/* Under "medium", which of a block's rows hold a value that would round to
+ * an inf (attnx_rows_overflow_bf16): its queries (*q_over) or its dO
+ * (*dout_over). Where the queries do, its scores keep float32 (as the
+ * forward's pack_queries decided, which then took the block's P·V in
+ * float32 too, so that O is of the float32 values), and so do its dP and D;
+ * where dO does, its dP and D; and the products with such rows (dK's Q,
+ * dV's dO) keep the FMAs. bwd_start_block and dsum_item decide alike. */
+static void block_overflows(const bwd_job *bj, int64_t b, int64_t h, int64_t i0, int nq,
+                            int *q_over, int *dout_over)
 {
     const attnx_problem *p = bj->run.p;
     *q_over = attnx_rows_overflow_bf16(at_in(&p->q, b, h, i0), p->q.sl, nq, p->D);
-    return *q_over ||
-           attnx_rows_overflow_bf16(at_in(&bj->g->dout, b, h, i0), bj->g->dout.sl, nq, p->Dv);
+    *dout_over = attnx_rows_overflow_bf16(at_in(&bj->g->dout, b, h, i0), bj->g->dout.sl, nq, p->Dv);
 }
 
 /* A block's queries packed, its upstream gradient packed, its lse and D
@@ -231,9 +229,10 @@ static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, tile_split 
     attnx_pack_rows_t(kt, at_in(&p->q, b, h, i0), p->q.sl, nq, p->D, bj->run.pre_scale, s->qt);
     attnx_pack_rows_t(kt, dout, g->dout.sl, nq, p->Dv, 1.0f, s->dot);
     const int64_t dp = bj->plan.split_dp, dpv = bj->plan.split_dpv;
+    int q_over = 0, dout_over = 0;
     if (bj->plan.parts == 1) { /* "medium": unscaled, rounded into pairs (kernels.h) */
-        int q_over;
-        if (block_keeps_float(bj, b, h, i0, nq, &q_over)) sp->dp = 0;
+        block_overflows(bj, b, h, i0, nq, &q_over, &dout_over);
+        if (q_over || dout_over) sp->dp = 0;
         if (q_over) sp->scores = 0;
         if (sp->scores) {
             kt->pack_qt(at_in(&p->q, b, h, i0), p->q.sl, nq, p->D, 1.0f, (float *)s->qparts, BQ);
@@ -249,10 +248,11 @@ static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, tile_split 
         if (sp->dp) sp->dp = !kt->split_pairs(s->dot, BQ, nq, p->Dv, dpv, s->oparts, dpv / 2 * BQ);
     }
     sp->dk = sp->dv = 0;
-    if (bj->plan.ptx_medium) {
-        const float *q = at_in(&p->q, b, h, i0);
-        sp->dk = !round_row_pairs(kt, q, p->q.sl, nq, p->D, s->qrows, bj->plan.ldqa);
-        sp->dv = !round_row_pairs(kt, dout, g->dout.sl, nq, p->Dv, s->orows, bj->plan.ldva);
+    if (bj->plan.ptx_medium) { /* plan.parts 1: the flags above */
+        sp->dk = !q_over, sp->dv = !dout_over;
+        if (sp->dk)
+            round_row_pairs(kt, at_in(&p->q, b, h, i0), p->q.sl, nq, p->D, s->qrows, bj->plan.ldqa);
+        if (sp->dv) round_row_pairs(kt, dout, g->dout.sl, nq, p->Dv, s->orows, bj->plan.ldva);
     }
     const float *dsum = bj->dsum + (b * p->Hq + h) * p->Lq + i0;
     for (int i = 0; i < BQ; i++) {
@@ -546,12 +546,9 @@ static void bwd_item(void *arg, int tid, int64_t item)
 }
 
 /* dO's element x as "medium"'s dP = dO Vᵀ reads it (plan.parts 1): rounded
- * to bfloat16, unless it rounds to inf. */
-static inline float dout_as_rounded(float x)
-{
-    const uint16_t h = attnx_bf16_round(x);
-    return attnx_bf16_overflowed(x, h) ? x : attnx_bf16_to_float(h);
-}
+ * to bfloat16 (a block with an element that would round to inf is not
+ * rounded: block_overflows). */
+static inline float dout_as_rounded(float x) { return attnx_bf16_to_float(attnx_bf16_round(x)); }
 
 /* Item i = b·Hq + h: D = rowsum(dO ∘ O) of each query row of head (b, h),
  * into bj->dsum. Sixteen running sums a row, each over the dims e with the
@@ -564,7 +561,7 @@ static inline float dout_as_rounded(float x)
  * of these roundings, over 12 draws of B=1 Hq=4 Hk=2 L=48 D=32 causal, the
  * largest dq and dk errors went from 1.48x and 1.36x torch bfloat16's to
  * 0.97x and 0.99x with it (L=256 D=64 causal: dq 1.29x to 0.99x). A block
- * that keeps float32 for its dP (block_keeps_float) keeps it here too. */
+ * that keeps float32 for its dP (block_overflows) keeps it here too. */
 static void dsum_item(void *arg, int tid, int64_t item)
 {
     const bwd_job *bj = arg;
@@ -575,10 +572,11 @@ static void dsum_item(void *arg, int tid, int64_t item)
     int rounded = 0;
     float row[16];
     for (int64_t i = 0; i < p->Lq; i++) {
-        if (i % BQ == 0) { /* a block of rows as bwd_start_block takes it, its dO rounded or not */
-            int q_over;
-            const int nq = rows_attending(&hb, i, (int)min64(BQ, p->Lq - i));
-            rounded = bj->plan.parts == 1 && !block_keeps_float(bj, b, h, i, nq, &q_over);
+        if (i % BQ == 0 && bj->plan.parts == 1) { /* a block as bwd_start_block takes it */
+            int q_over, dout_over;
+            block_overflows(bj, b, h, i, rows_attending(&hb, i, (int)min64(BQ, p->Lq - i)), &q_over,
+                            &dout_over);
+            rounded = !q_over && !dout_over;
         }
         const float *dout = at_in(&g->dout, b, h, i), *o = at_in(&g->o, b, h, i);
         float lanes[16] = {0.0f};
