@@ -70,7 +70,7 @@ def _int8_pool(x: Tuple[object, ...], name: str,
         raise ValueError(f"{name}[1] must be float32 scales {pages.shape[:3]} (num_blocks, "
                          f"block_size, H); got {scales.dtype} {shape_str(scales)}")
     rotation = None
-    if len(x) == 3 and x[2] is not None:
+    if len(x) >= 3 and x[2] is not None:
         E = pages.shape[3]
         rotation = np.asarray(as_array(x[2], f"{name}[2]"))
         if rotation.shape != (E, E) or rotation.dtype.kind not in "fiu" \
@@ -123,7 +123,8 @@ def _pool_shapes(key: object, value: object) -> str:
     def one(x: object, name: str) -> str:
         if isinstance(x, tuple):
             parts = ", ".join(shape_str(np.asarray(a)) for a in x)
-            return f"{name} ({parts}) (int8 pages, scales{', rotation' if len(x) == 3 else ''})"
+            items = ("int8 pages", "scales", "rotation", "centers")[:len(x)]
+            return f"{name} ({parts}) ({', '.join(items)})"
         return f"{name} {shape_str(np.asarray(x))}"
     return f"{one(key, 'key')}, {one(value, 'value')} (num_blocks, block_size, Hk, E)"
 

@@ -408,13 +408,15 @@ def test_int8_cache_refuses_what_the_others_refuse(rng):
 
 # ------------------------------------------------------- int8 pages (varlen)
 
-@pytest.mark.parametrize("rotated", [True, False], ids=["rotated", "unrotated"])
+@pytest.mark.parametrize("rotated", [True, False, "centred"],
+                         ids=["rotated", "unrotated", "centred"])
 @pytest.mark.parametrize("block_size", [1, 16, 256])
 def test_int8_pages_read_in_place_match_reference(isa, rng, block_size, rotated):
     """varlen_attention over int8 pages given as (pages, scales, rotation) (the
-    caches' format) or (pages, scales), pages in a random order, decoding rows
-    and a prefill chunk in one call: each sequence equals float64 over its
-    dequantized keys, gathered."""
+    caches' format), (pages, scales) or, for keys, (pages, scales, rotation,
+    centers), pages in a random order, decoding rows and a prefill chunk in
+    one call: each sequence equals float64 over its dequantized keys (plus its
+    centre), gathered."""
     Hk, Hq, E, Ev = 2, 6, 24, 16
     lens, lq = [300, 1, 0, 45, 7], [1, 1, 0, 45, 3]
     need = [-(-n // block_size) for n in lens]
@@ -432,6 +434,7 @@ def test_int8_pages_read_in_place_match_reference(isa, rng, block_size, rotated)
     if centers is not None:
         key += (centers,)
     sinks = rng.standard_normal((len(lens), Hq)).astype(np.float32)
+    assert (centers is not None) == (rotated == "centred")
     out, lse = attnx.varlen_attention(q, key, value, cu_q, cu_k, block_table=table, sinks=sinks,
                                       is_causal="lower_right", enable_gqa=True, return_lse=True)
     kd = (ks[..., None].astype(np.float64) * kq) @ Rk
@@ -449,6 +452,36 @@ def test_int8_pages_read_in_place_match_reference(isa, rng, block_size, rotated)
         assert_close(out[cu_q[i]:cu_q[i + 1]], want[0].swapaxes(0, 1), err_msg=f"sequence {i}")
         want_lse = attnx.scaled_dot_product_attention(qi, k, v, return_lse=True, **kw)[1]
         np.testing.assert_allclose(lse[:, cu_q[i]:cu_q[i + 1]], want_lse[0], rtol=2e-6, atol=2e-5)
+
+
+@pytest.mark.parametrize("center_keys", [True, False], ids=["centred", "uncentred"])
+def test_int8_pages_from_a_kvcache_equal_its_attend(isa, rng, center_keys):
+    """Issue 56: an int8 KVCache's rows handed to varlen_attention as pages, with
+    its rotations and (when it centres keys) its centres, give ``attend``'s
+    answer on the same rows (the 4-tuple's rotation was once ignored: off by up
+    to 1.46). Two sequences of one page each, GQA 4/2, a decoding row and a
+    prefill chunk."""
+    B, Hk, Hq, E, L = 2, 2, 4, 16, 37
+    cache = attnx.KVCache(B, Hk, 64, E, dtype="int8", center_keys=center_keys)
+    cache.append(randn(rng, (B, Hk, L, E)) + 2.5, randn(rng, (B, Hk, L, E)))
+    assert (cache.k_center is not None) == center_keys
+    assert cache.k_rotation is not None and cache.v_rotation is not None
+    lq = [1, 5]
+    q = [randn(rng, (1, Hq, m, E)) for m in lq]
+    want = [cache.attend(np.broadcast_to(qi, (B, Hq, qi.shape[2], E)))[b]
+            for b, qi in enumerate(q)]
+    pages = cache.k[:, :, :L].swapaxes(1, 2)                      # (B pages, L rows, Hk, E)
+    key = (pages, cache.k_scale[:, :, :L].swapaxes(1, 2), cache.k_rotation)
+    if center_keys:
+        key += (cache.k_center[:, :, 0],)                           # (N, Hk, E)
+    value = (cache.v[:, :, :L].swapaxes(1, 2), cache.v_scale[:, :, :L].swapaxes(1, 2),
+             cache.v_rotation)
+    packed = np.concatenate([qi[0].swapaxes(0, 1) for qi in q])    # (total, Hq, E)
+    out = attnx.varlen_attention(packed, key, value, np.cumsum([0] + lq), [0, L, 2 * L],
+                                 block_table=[[0], [1]], is_causal="lower_right", enable_gqa=True)
+    for b in range(B):
+        got = out[sum(lq[:b]):sum(lq[:b + 1])].swapaxes(0, 1)
+        assert_close(got, want[b], err_msg=f"sequence {b}")
 
 
 def test_int8_pages_refused_when_malformed(rng):
@@ -470,6 +503,10 @@ def test_int8_pages_refused_when_malformed(rng):
     with pytest.raises(ValueError, match=r"value\[2\] must be a finite rotation"):
         attnx.varlen_attention(q, (kq, ks), (kq, ks, np.full((16, 16), np.nan)), cu, cu,
                                block_table=table)
+    for bad in (np.full((3, 5), np.nan), np.full((16, 16), np.nan), np.eye(8)):  # every form alike
+        with pytest.raises(ValueError, match=r"key\[2\] must be a finite rotation \(16, 16\)"):
+            attnx.varlen_attention(q, (kq, ks, bad, np.zeros((1, 2, 16))), (kq, ks), cu, cu,
+                                   block_table=table)
     with pytest.raises(ValueError, match="got 5 items"):
         attnx.varlen_attention(q, (kq, ks, None, None, None), (kq, ks), cu, cu, block_table=table)
     with pytest.raises(ValueError, match="value as a tuple .* got 4 items"):
