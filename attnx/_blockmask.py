@@ -31,8 +31,10 @@ class BlockMask:
     """A bool or float mask with the classes of its blocks, computed once.
 
     Pass it as ``attn_mask`` to :func:`attnx.scaled_dot_product_attention`,
-    its ``_vjp`` and ``_backward`` (and anything that takes an array: it is
-    one, ``np.asarray(block_mask)`` gives the mask); the core then skips the
+    its ``_vjp`` and ``_backward``, ``attnx.torch.scaled_dot_product_attention``
+    (no gradient for the mask: it holds no tensor) and
+    ``attnx.dask.scaled_dot_product_attention`` (and anything that takes an
+    array: it is one, ``np.asarray(block_mask)`` gives the mask); the core then skips the
     tiles the mask empties and does not mask the tiles it keeps whole,
     without reading the mask to find them.
 
@@ -78,13 +80,25 @@ class BlockMask:
         if m.ndim < 2:
             raise ValueError(f"mask must be at least 2-D (..., Lq, Lk); got shape {shape_str(m)}")
         m = np.array(m, dtype=np.bool_ if m.dtype == np.bool_ else np.float32, order="C")
-        m.flags.writeable = False
         lead = m.shape[:-2]
         m4 = m.reshape((int(np.prod(lead, dtype=np.int64)), 1) + m.shape[-2:])
         blocks = _attnx.classify_mask(m4, 0)     # the GIL released
-        self.mask: NDArray[Any] = m
-        self.blocks: NDArray[np.uint8] = blocks.reshape(lead + blocks.shape[2:])
-        self.blocks.flags.writeable = False
+        self._mask = _sealed(m)
+        self._blocks = _sealed(blocks.reshape(lead + blocks.shape[2:]))
+
+    @property
+    def mask(self) -> NDArray[Any]:
+        """The mask (..., Lq, Lk), bool or float32; read-only for good."""
+        return self._mask
+
+    @property
+    def blocks(self) -> NDArray[np.uint8]:
+        """The blocks' classes (..., nq, nk), uint8; read-only for good."""
+        return self._blocks
+
+    def __reduce__(self) -> Tuple[Any, Tuple[NDArray[Any], NDArray[np.uint8]]]:
+        # pickled or deep-copied, the arrays come back writeable: _rebuilt seals them
+        return _rebuilt, (self._mask, self._blocks)
 
     # ---- built from a rule ----------------------------------------------------
 
@@ -157,6 +171,23 @@ class BlockMask:
         return (f"BlockMask(shape={self.shape}, dtype={self.dtype}, kept="
                 f"{100 * self.kept_fraction():.1f}%, blocks: {100 * e:.1f}% empty, "
                 f"{100 * f:.1f}% full, {100 * p:.1f}% partial)")
+
+
+def _sealed(a: NDArray[Any]) -> NDArray[Any]:
+    """``a``, held by nothing else, seen through a read-only buffer, without a
+    copy: neither the view nor any view of it can be made writeable again
+    (``setflags(write=True)`` raises ValueError; on a read-only array that owns
+    its memory it would succeed, and edits would leave the block map stale)."""
+    a.flags.writeable = False
+    return np.asarray(a.data.toreadonly())
+
+
+def _rebuilt(mask: NDArray[Any], blocks: NDArray[np.uint8]) -> BlockMask:
+    """A pickled or copied BlockMask: its mask and blocks as they were, sealed again."""
+    bm = BlockMask.__new__(BlockMask)
+    bm._mask = _sealed(np.ascontiguousarray(mask))
+    bm._blocks = _sealed(np.ascontiguousarray(blocks))
+    return bm
 
 
 def split_block_mask(attn_mask: Any) -> Tuple[Any, Optional[NDArray[np.uint8]]]:

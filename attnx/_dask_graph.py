@@ -4,9 +4,10 @@ The inputs in the core view (``_core_view``), rechunked so that every
 (batch, head, query, key) chunk is one block (``_rechunked``); the small
 per-row values and the scalar arguments every block shares (``_row_values``,
 ``_shared_args``); then a block task for every key chunk a query chunk may
-attend (``_attended``), their merge tree and the output block's ``_finish``
-(``_graph``), assembled into the output dask array (``_assemble``). The
-tasks themselves are in ``attnx._dask_blocks``.
+attend (``_attended``, and a bool BlockMask's map: ``_kept_blocks``), their
+merge tree and the output block's ``_finish`` (``_graph``), assembled into
+the output dask array (``_assemble``). The tasks themselves are in
+``attnx._dask_blocks``.
 """
 
 from __future__ import annotations
@@ -151,6 +152,31 @@ def _attended(q0: int, lq: int, k0: int, lk: int, off: int,
     return True
 
 
+def _kept_blocks(blocks: Optional[NDArray[np.uint8]], mask_dtype: Optional[np.dtype[Any]],
+                 rows_shape: Tuple[int, ...]) -> Optional[NDArray[np.bool_]]:
+    """A bool :class:`attnx.BlockMask`'s map as "some entry of the block keeps
+    its key", a view broadcast to (batch..., Hq, nq, nk) like the scores' rows
+    (nq, nk: its blocks of ``MAP_ROWS`` queries by ``MAP_KEYS`` keys); None
+    without a map, and for a float mask: there a key's ``-inf`` added to a NaN
+    or inf score is NaN, which reaches the row in attnx (and in each task), so
+    no block of a float mask may be left out of the graph."""
+    if blocks is None or mask_dtype != np.bool_:
+        return None
+    keep = (blocks & np.uint8(_attnx.MAP_KEEP)) != 0          # its lead broadcasts as the mask's
+    return np.broadcast_to(keep, rows_shape + keep.shape[-2:])
+
+
+def _map_keeps(keep: NDArray[np.bool_], q0: int, lq: int, k0: int, lk: int) -> bool:
+    """Whether the map ``keep`` (nq, nk) of a block's rows keeps some entry of
+    query chunk [q0, q0+lq) and key chunk [k0, k0+lk): the OR over the map's
+    blocks that overlap the chunks (a map axis of 1 covers every query or key)."""
+    nq, nk = keep.shape
+    rows, keys = int(_attnx.MAP_ROWS), int(_attnx.MAP_KEYS)
+    rq = slice(0, 1) if nq == 1 else slice(q0 // rows, -(-(q0 + lq) // rows))
+    rk = slice(0, 1) if nk == 1 else slice(k0 // keys, -(-(k0 + lk) // keys))
+    return bool(keep[rq, rk].any())
+
+
 def _block_task(s: _Split, bname: str, bidx: Tuple[int, ...], iq: int, ik: int, q0: int, k0: int,
                 rows_b: _Rows, st: Dict[str, Any], late_sinks: bool) -> Tuple[_Key, Any]:
     """The key and task of block (bidx..., iq, ik): ``_block`` on that chunk
@@ -188,10 +214,13 @@ def _merge_tree(dsk: Dict[Any, Any], parts: List[_Key], prefix: _Key) -> Optiona
 
 
 def _graph(s: _Split, rows: _Rows, st: Dict[str, Any], late_sinks: bool,
-           Lq: int, Lk: int) -> Tuple[Dict[Any, Any], str]:
+           Lq: int, Lk: int, kept: Optional[NDArray[np.bool_]] = None,
+           ) -> Tuple[Dict[Any, Any], str]:
     """The tasks of the output and the output's name: for every (batch...,
     head) chunk and query chunk, a block task per key chunk it attends
-    (``_attended``), their merge tree and the ``_finish`` of the output
+    (``_attended``) and, with a bool BlockMask's map ``kept`` ((batch...,
+    Hq, nq, nk), ``_kept_blocks``), of which the map keeps some entry for some
+    of the block's rows; their merge tree and the ``_finish`` of the output
     block (oname, batch..., head, query chunk, 0)."""
     token = tokenize(s.q.name, s.k.name, s.v.name, None if s.mask is None else s.mask.name,
                      *rows, dict(st), Lq, Lk)
@@ -206,11 +235,15 @@ def _graph(s: _Split, rows: _Rows, st: Dict[str, Any], late_sinks: bool,
         sl = tuple(slice(r[i], r[i] + c[i]) for r, c, i in zip(row_starts, s.row_chunks, bidx))
         rows_b = tuple(None if a is None else a[sl] for a in rows)       # the block's rows
         blk_rows = tuple(c[i] for c, i in zip(s.row_chunks, bidx))         # (batch..., h) of the block
+        # the map of the block's rows: kept where any of them keeps
+        keep_b = None if kept is None else np.asarray(kept[sl].any(axis=tuple(range(len(sl)))))
         for iq, (q0, lq) in enumerate(zip(q_starts, q_chunks)):
             parts = []
             for ik, (k0, lk) in enumerate(zip(k_starts, k_chunks)):
                 if not _attended(q0, lq, k0, lk, st["off"], lo_side, hi_side):
                     continue
+                if keep_b is not None and not _map_keeps(keep_b, q0, lq, k0, lk):
+                    continue                  # every entry of the chunks is False: adds nothing
                 key_, task = _block_task(s, bname, bidx, iq, ik, q0, k0, rows_b, st, late_sinks)
                 dsk[key_] = task
                 parts.append(key_)

@@ -3,7 +3,8 @@
 ``attnx.dask.scaled_dot_product_attention`` takes the arguments of
 :func:`attnx.scaled_dot_product_attention` with ``query``, ``key``, ``value``
 (and ``attn_mask``) as dask arrays (NumPy arrays are wrapped with
-``da.asarray``) and returns a lazy float32 dask array holding the same numbers.
+``da.asarray``; ``attn_mask`` may be an :class:`attnx.BlockMask`) and returns
+a lazy float32 dask array holding the same numbers.
 Each task calls :func:`attnx.scaled_dot_product_attention` on one block, so a
 sequence longer than one machine's memory is computed piece by piece:
 
@@ -30,8 +31,9 @@ from numpy.typing import NDArray
 import dask.array as da
 
 from ._args import Alignment, AttentionArgs, Causal, Layout, Precision, Window, attention_args
+from ._blockmask import split_block_mask
 from ._dask_graph import BLOCK_PREFIX as BLOCK_PREFIX  # the block tasks' names: tests, notebook
-from ._dask_graph import (_assemble, _core_view, _graph, _rechunked, _row_values,
+from ._dask_graph import (_assemble, _core_view, _graph, _kept_blocks, _rechunked, _row_values,
                           _shared_args)
 from ._functional import scaled_dot_product_attention as _sdpa_numpy
 
@@ -76,12 +78,15 @@ def _checked(query: Any, key: Any, value: Any, attn_mask: Optional[Any], dropout
              key_lengths: Optional[Any], query_lengths: Optional[Any], window: Window,
              sinks: Optional[Any], softcap: Optional[float], alibi_slopes: Optional[Any],
              alignment: Alignment, precision: Precision,
-             ) -> Tuple[Any, Any, Any, Optional[Any], AttentionArgs]:
+             ) -> Tuple[Any, Any, Any, Optional[Any], Optional[NDArray[np.uint8]], AttentionArgs]:
     """The arrays as dask arrays and every argument checked by attnx, on
     zero-stride stand-ins of the arrays (nothing read): ``(q, k, v, mask,
-    args)``, the arrays as passed (layout and ndim unchanged). The small
+    blocks, args)``, the arrays as passed (layout and ndim unchanged); an
+    :class:`attnx.BlockMask` gives its mask (a dask array, cut into blocks as
+    any mask) and its map ``blocks`` (None for any other mask). The small
     per-sequence / per-head values are computed here (``_small``)."""
     qd, kd, vd = (_as_dask(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
+    attn_mask, blocks = split_block_mask(attn_mask)
     md = None if attn_mask is None else _as_dask(attn_mask, "attn_mask")
     key_lengths, query_lengths = _small(key_lengths), _small(query_lengths)
     sinks, alibi_slopes = _small(sinks), _small(alibi_slopes)
@@ -90,7 +95,7 @@ def _checked(query: Any, key: Any, value: Any, attn_mask: Optional[Any], dropout
                        layout=layout, key_lengths=key_lengths, query_lengths=query_lengths,
                        window=window, sinks=sinks, softcap=softcap, alibi_slopes=alibi_slopes,
                        alignment=alignment, precision=precision)
-    return qd, kd, vd, md, p
+    return qd, kd, vd, md, blocks, p
 
 
 def scaled_dot_product_attention(
@@ -112,10 +117,13 @@ def scaled_dot_product_attention(
     value : dask or NumPy array, (B..., Hk, Lk, Ev)   (``"blhd"``: (B..., Lk, Hk, Ev))
         2-D and 3-D inputs as for the NumPy function. NumPy arrays are
         wrapped with ``da.asarray`` (dask's automatic chunks).
-    attn_mask : dask or NumPy array, optional
+    attn_mask : dask or NumPy array, or :class:`attnx.BlockMask`, optional
         bool or float, broadcastable to (B..., Hq, Lq, Lk); its broadcast
         (size-1) axes stay size 1, its other axes are rechunked like the
-        scores (batch, heads and queries as ``query``, keys as ``key``).
+        scores (batch, heads and queries as ``query``, keys as ``key``). A
+        BlockMask's mask is cut into blocks as any mask (each task's call
+        classifies its block); with a bool BlockMask, the blocks its map
+        shows empty are left out of the graph (below).
     key_lengths, query_lengths, sinks, alibi_slopes : array_like, optional
         Small per-sequence / per-head values, read when this function is
         called (a dask array here is computed at once).
@@ -143,7 +151,12 @@ def scaled_dot_product_attention(
 
     Blocks that no row may attend to are not in the graph at all: with
     ``is_causal`` (upper-left or lower-right), key chunks wholly above the
-    diagonal; with ``window``, key chunks wholly outside the band. A block
+    diagonal; with ``window``, key chunks wholly outside the band; with a
+    bool :class:`attnx.BlockMask`, key chunks whose map blocks (64 queries
+    by 32 keys, read when this function is called) keep nothing for any of
+    the query chunk's rows, batches and heads (packed documents: the chunks
+    off the documents' diagonal blocks). A float BlockMask's blocks all
+    stay: a ``-inf`` added to a NaN score is NaN, as in attnx. A block
     whose diagonal is attnx's own upper-left or lower-right one (e.g. square
     blocks on the diagonal) gets ``is_causal``/``alignment`` as they are; a
     causal block whose diagonal is elsewhere (query and key chunks of
@@ -182,9 +195,10 @@ def scaled_dot_product_attention(
     ...                  atol=2e-6))
     True
     """
-    qd, kd, vd, md, p = _checked(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                 enable_gqa, layout, key_lengths, query_lengths, window, sinks,
-                                 softcap, alibi_slopes, alignment, precision)
+    qd, kd, vd, md, blocks, p = _checked(query, key, value, attn_mask, dropout_p, is_causal,
+                                         scale, enable_gqa, layout, key_lengths, query_lengths,
+                                         window, sinks, softcap, alibi_slopes, alignment,
+                                         precision)
     ndim_in = qd.ndim
     heads_are_batch = ndim_in == 3 and layout == "bhld"
     s = _rechunked(*_core_view(qd, kd, vd, layout), md, p.scores_shape)
@@ -194,7 +208,8 @@ def scaled_dot_product_attention(
     # sinks go to attnx with the block when a query block is one task and its lse is
     # attnx's own; otherwise they join the merged rows in _finish
     late_sinks = len(s.k.chunks[-2]) > 1 or rows[3] is not None
-    dsk, oname = _graph(s, rows, st, late_sinks, Lq, Lk)
+    kept = _kept_blocks(blocks, None if md is None else md.dtype, s.q.shape[:-2])
+    dsk, oname = _graph(s, rows, st, late_sinks, Lq, Lk, kept)
     return _assemble(dsk, oname, s, ndim_in, layout)
 
 

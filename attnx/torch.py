@@ -4,12 +4,13 @@
 ``torch.nn.functional.scaled_dot_product_attention`` on CPU tensors, with
 attnx's extra keywords (``layout``, ``key_lengths``, ``query_lengths``, the
 lower-right causal alignment). Gradients flow to query, key, value and a
-float ``attn_mask`` through attnx's fused backward pass. It is differentiable
-once: a second derivative (``create_graph=True`` then another ``grad``: Hessian-
-vector products, gradient penalties) raises instead of silently dropping
-attention's second-order term, and functorch transforms (``torch.func.vmap``,
-``grad``...) are refused by name. torch is imported here only (``import
-attnx`` never imports it).
+float ``attn_mask`` tensor through attnx's fused backward pass (``attn_mask``
+may also be an :class:`attnx.BlockMask`, which gets none: it holds no tensor).
+It is differentiable once: a second derivative (``create_graph=True`` then
+another ``grad``: Hessian-vector products, gradient penalties) raises instead
+of silently dropping attention's second-order term, and functorch transforms
+(``torch.func.vmap``, ``grad``...) are refused by name. torch is imported
+here only (``import attnx`` never imports it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 # (Alignment, ArrayInput, Precision, Window: names in the signature that takes() writes)
 from ._args import (Alignment, ArrayInput, Causal, Layout, Precision, Window, bfloat16_arrays, check_flag,
                     torch_bfloat16)
+from ._blockmask import BlockMask
 from ._functional import CALL_THREADS, OPTIONS, plain_forward
 from ._functional import scaled_dot_product_attention as _sdpa
 from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
@@ -68,20 +70,33 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 def _check_tensors(tensors: Tuple[Optional[torch.Tensor], ...], names: Tuple[str, ...]) -> None:
     """TypeError naming an argument that is not a torch.Tensor (None allowed but
-    for query, key, value), RuntimeError for tensors of a functorch transform
-    (vmap, grad, jacrev, ...: their wrappers have no memory attnx can read)."""
+    for query, key, value; an attnx.BlockMask for attn_mask), RuntimeError for
+    tensors of a functorch transform (vmap, grad, jacrev, ...: their wrappers
+    have no memory attnx can read)."""
     for t, name in zip(tensors, names):
         if t is None and name not in ("query", "key", "value"):
             continue
+        if name == "attn_mask" and isinstance(t, BlockMask):
+            continue
         if not isinstance(t, torch.Tensor):
+            also = "or an attnx.BlockMask; " if name == "attn_mask" else ""
             raise TypeError(f"attnx.torch.scaled_dot_product_attention: {name} must be a "
-                            f"torch.Tensor; got {type(t).__name__} (for NumPy arrays use "
+                            f"torch.Tensor; got {type(t).__name__} ({also}for NumPy arrays use "
                             f"attnx.scaled_dot_product_attention)")
         if _functorch_wrapped(t):
             raise RuntimeError(f"attnx.torch.scaled_dot_product_attention does not support "
                                f"functorch transforms (torch.func.vmap, grad, jacrev, ...): "
                                f"{name} is a transform's wrapped tensor. Call it outside the "
                                f"transform, or use torch.nn.functional.scaled_dot_product_attention")
+
+
+def _mask_numpy(attn_mask: Union[torch.Tensor, BlockMask, None]) -> Any:
+    """``attn_mask`` as the NumPy functions take it: a tensor's memory
+    (``_numpy``), an attnx.BlockMask as it is (its map used, not classified
+    again), or None."""
+    if attn_mask is None or isinstance(attn_mask, BlockMask):
+        return attn_mask
+    return _numpy(attn_mask, "attn_mask")
 
 
 def _numpy(t: torch.Tensor, name: str) -> np.ndarray[Any, Any]:
@@ -237,20 +252,24 @@ def _once_differentiable(grads: Tuple[Optional[torch.Tensor], ...],
 
 
 class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is untyped here
-    """out = attnx attention(q, k, v, mask); saves out and lse for the backward."""
+    """out = attnx attention(q, k, v, mask); saves out and lse for the backward.
+    An attnx.BlockMask ``attn_mask`` is kept on ctx (not a tensor: no gradient)."""
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attn_mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                attn_mask: Union[torch.Tensor, BlockMask, None], sinks: Optional[torch.Tensor],
                 opts: dict[str, Any], need_weights: bool) -> Any:
         q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
-        m = None if attn_mask is None else _numpy(attn_mask, "attn_mask")
+        m = _mask_numpy(attn_mask)
         s = None if sinks is None else _numpy(sinks, "sinks")
         with _threads_for(query, key, opts["layout"]):
             res = _sdpa(q, k, v, attn_mask=m, sinks=s, return_lse=True,
                         need_weights=need_weights, **opts)
         out_t, lse_t = torch.from_numpy(res[0]), torch.from_numpy(res[-1])
-        ctx.save_for_backward(query, key, value, attn_mask, sinks, out_t, lse_t)
+        block_mask = isinstance(attn_mask, BlockMask)
+        ctx.save_for_backward(query, key, value, None if block_mask else attn_mask, sinks,
+                              out_t, lse_t)
+        ctx.block_mask = attn_mask if block_mask else None
         ctx.opts = opts
         if not need_weights:
             return out_t.to(query.dtype)
@@ -269,12 +288,12 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
     @staticmethod
     def _gradients(ctx: Any, dout: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         query, key, value, attn_mask, sinks, out, lse = ctx.saved_tensors
-        need = ctx.needs_input_grad
+        need = ctx.needs_input_grad            # False for a BlockMask: not a tensor
         with _threads_for(query, key, ctx.opts["layout"], flops_per_score=10.0):
             g = _sdpa_backward(
                 _numpy(dout, "grad_output"), _numpy(query, "query"), _numpy(key, "key"),
                 _numpy(value, "value"), out.numpy(), lse.numpy(),
-                attn_mask=None if attn_mask is None else _numpy(attn_mask, "attn_mask"),
+                attn_mask=_mask_numpy(ctx.block_mask if attn_mask is None else attn_mask),
                 sinks=None if sinks is None else _numpy(sinks, "sinks"),
                 mask_grad=bool(need[3]), **ctx.opts)
 
@@ -295,20 +314,20 @@ class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is unt
 @overload
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        attn_mask: Union[torch.Tensor, BlockMask, None] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         need_weights: Literal[False] = False, **options: Unpack[Options]) -> torch.Tensor: ...
 @overload
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        attn_mask: Union[torch.Tensor, BlockMask, None] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         need_weights: Literal[True],
         **options: Unpack[Options]) -> Tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        attn_mask: Union[torch.Tensor, BlockMask, None] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         need_weights: bool = False,
         **options: Unpack[Options]) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
@@ -317,7 +336,7 @@ def scaled_dot_product_attention(
 @takes(Options, before="need_weights")
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-        attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+        attn_mask: Union[torch.Tensor, BlockMask, None] = None, dropout_p: float = 0.0,
         is_causal: Causal = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         need_weights: bool = False,
         **options: Unpack[Options]) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -327,13 +346,18 @@ def scaled_dot_product_attention(
     CPU tensors (float32 natively; float16, bfloat16 and float64 are computed in
     float32 and the output and gradients come back in the input's dtype). Every argument
     means what it means in :func:`attnx.scaled_dot_product_attention`
-    (``attn_mask``: bool, True = may attend, or float, added to the scores;
+    (``attn_mask``, a tensor or an :class:`attnx.BlockMask`: bool, True = may
+    attend, or float, added to the scores;
     ``is_causal``: True, "upper_left" or "lower_right"; ``layout="blhd"``
     takes (B, L, H, E); ``key_lengths``/``query_lengths``: padding without a
     mask; ``window``, ``softcap``, ``alibi_slopes``, ``alignment``: the
     attention variants; ``precision``: "highest" or "medium"). Gradients flow to query, key, value, a float
-    ``attn_mask`` (summed over its broadcast axes) and ``sinks`` (a tensor of
+    ``attn_mask`` tensor (summed over its broadcast axes) and ``sinks`` (a tensor of
     sink logits, (Hq,) or broadcastable to (B..., Hq)); ``dropout_p`` must be 0.
+    A BlockMask's precomputed map is used in the forward and the backward
+    (its mask is not classified again); it holds no tensor, so a float
+    BlockMask gets no gradient (query, key and value do): for the mask's
+    gradient pass the mask as a float tensor that requires grad.
 
     Returns the output tensor, (B..., Hq, Lq, Ev) (``"blhd"``: (B..., Lq, Hq, Ev)).
     With ``need_weights=True``, the tuple (output, weights): the attention
@@ -369,12 +393,12 @@ def scaled_dot_product_attention(
     tensors = (query, key, value, attn_mask, sinks)
     _check_tensors(tensors, ("query", "key", "value", "attn_mask", "sinks"))
     need_weights = check_flag(need_weights, "need_weights")
-    inference = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                                     for t in tensors))
+    inference = not (torch.is_grad_enabled()
+                     and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors))
     if inference:
         # nothing to differentiate (inference, generate()): no lse, no autograd node
         q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
-        m = None if attn_mask is None else _numpy(attn_mask, "attn_mask")
+        m = _mask_numpy(attn_mask)
         sk = None if sinks is None else _numpy(sinks, "sinks")
         with _threads_for(query, key, layout):
             result = _sdpa(q, k, v, attn_mask=m, sinks=sk, need_weights=need_weights, **opts)

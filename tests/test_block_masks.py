@@ -206,6 +206,37 @@ def test_a_block_mask_never_changes(rng):
     assert np.asarray(bm) is bm.mask
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_block_mask_cannot_be_made_writeable(rng, kind):
+    """Issue 56, 5: ``bm.mask.flags.writeable = True`` succeeded (the mask owned
+    its memory), and edits then left the block map stale: results wrong. The
+    mask, the blocks and every view of them refuse to become writeable, and
+    neither can be replaced; nothing is copied when they are read. Pickled or
+    copied, a BlockMask stays so."""
+    import copy
+    import pickle
+    m = blocky_mask(rng, (2, 1), 100, 70, kind)
+    bm = attnx.BlockMask(m)
+    assert bm.mask is bm.mask and bm.blocks is bm.blocks and np.asarray(bm) is bm.mask
+    for other in (bm, pickle.loads(pickle.dumps(bm)), copy.deepcopy(bm), copy.copy(bm)):
+        np.testing.assert_array_equal(other.mask, bm.mask)
+        np.testing.assert_array_equal(other.blocks, bm.blocks)
+        for a in (other.mask, other.blocks, np.asarray(other), other.mask[0, :, ::2],
+                  other.mask.reshape(-1), other.blocks.T):
+            assert not a.flags.writeable
+            with pytest.raises(ValueError, match="WRITEABLE"):
+                a.setflags(write=True)
+            with pytest.raises(ValueError, match="WRITEABLE"):
+                a.flags.writeable = True
+        with pytest.raises(AttributeError):
+            other.mask = np.ones((2, 1, 100, 70), bool)
+        with pytest.raises(AttributeError):
+            other.blocks = np.zeros_like(bm.blocks)
+    q, k = randn(rng, (2, 3, 100, 16)), randn(rng, (2, 3, 70, 16))
+    out = attnx.scaled_dot_product_attention(q, k, k, attn_mask=bm)
+    assert_close(out, attnx.reference(q, k, k, attn_mask=m))
+
+
 def test_errors_name_the_argument():
     with pytest.raises(TypeError, match="mask must be bool"):
         attnx.BlockMask(np.ones((4, 4), np.int32))
@@ -268,3 +299,89 @@ def test_key_ranges_follow_the_kept_work(isa, rng, threads):
         got = run_threads(threads, lambda: attnx.scaled_dot_product_attention(qd, kd, vd,
                                                                                attn_mask=m))
         assert_close(got, attnx.reference(qd, kd, vd, attn_mask=late))
+
+
+# ---------------------------------------------------------------- attnx.torch
+
+def _torch_grads(fn, q, k, v, dout, mask, **kw):
+    """out and the q, k, v gradients of ``fn`` (torch tensors of the arrays,
+    float64 where ``q`` is), for the upstream gradient ``dout``."""
+    torch = pytest.importorskip("torch")
+    t = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    out = fn(*t, attn_mask=mask, **kw)
+    out.backward(torch.tensor(dout, dtype=out.dtype))
+    return [out.detach().numpy()] + [x.grad.numpy() for x in t]
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("mshape", [(130, 200), (2, 1, 130, 200), (1, 4, 130, 200)])
+def test_torch_takes_a_block_mask(rng, kind, mshape):
+    """attnx.torch takes an attnx.BlockMask (it raised TypeError): the output
+    and the query, key and value gradients (random upstream gradient) are
+    torch autograd's (float64) with the plain mask tensor; a float BlockMask
+    gets no gradient (no tensor holds it)."""
+    torch = pytest.importorskip("torch")
+    import attnx.torch as at
+
+    Lq, Lk = mshape[-2:]
+    q, k, v = randn(rng, (2, 4, Lq, 16)), randn(rng, (2, 2, Lk, 16)), randn(rng, (2, 2, Lk, 8))
+    mask = blocky_mask(rng, mshape[:-2], Lq, Lk, kind)
+    mask[..., :, :3] = True if kind == "bool" else 0.0       # every row keeps a key
+    dout = randn(rng, (2, 4, Lq, 8))
+    bm = attnx.BlockMask(mask)
+    got = _torch_grads(at.scaled_dot_product_attention, q, k, v, dout, bm, enable_gqa=True)
+    want = _torch_grads(torch.nn.functional.scaled_dot_product_attention,
+                        *(a.astype(np.float64) for a in (q, k, v)), dout,
+                        torch.tensor(mask if kind == "bool" else mask.astype(np.float64)),
+                        enable_gqa=True)
+    assert_close(got[0], want[0], err_msg="out")
+    assert_close(got[0], attnx.scaled_dot_product_attention(q, k, v, attn_mask=bm, enable_gqa=True)
+                 .astype(np.float64), err_msg="vs NumPy")
+    for g, w, name in zip(got[1:], want[1:], ("query", "key", "value")):
+        assert_close(g, w, GATOL, GRTOL, err_msg=name)
+    with torch.no_grad():                          # inference: no autograd node
+        out = at.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), attn_mask=bm,
+                                              enable_gqa=True)
+    assert_close(out.numpy(), want[0], err_msg="no_grad")
+
+
+def test_torch_block_mask_map_reaches_the_numpy_calls(rng, monkeypatch):
+    """The BlockMask itself goes to the NumPy forward and backward (its map is
+    used, the mask not classified again), with no mask gradient asked for;
+    float64 tensors give float64 results; other masks are still refused by name."""
+    torch = pytest.importorskip("torch")
+    import attnx.torch as at
+
+    seen = []
+    fwd, bwd = at._sdpa, at._sdpa_backward
+
+    def forward(*args, **kw):
+        seen.append(("forward", kw["attn_mask"]))
+        return fwd(*args, **kw)
+
+    def backward(*args, **kw):
+        seen.append(("backward", kw["attn_mask"], kw["mask_grad"]))
+        return bwd(*args, **kw)
+    monkeypatch.setattr(at, "_sdpa", forward)
+    monkeypatch.setattr(at, "_sdpa_backward", backward)
+    bm = attnx.BlockMask.prefix_lm(100, 30)
+    bm_f = attnx.BlockMask(np.where(bm.mask, 0.5, -np.inf))
+    q = torch.tensor(randn(rng, (1, 2, 100, 8)), dtype=torch.float64, requires_grad=True)
+    for m in (bm, bm_f):
+        out = at.scaled_dot_product_attention(q, q, q, attn_mask=m)
+        assert out.dtype == torch.float64
+        out.backward(torch.randn(out.shape, dtype=torch.float64))
+        assert seen == [("forward", m), ("backward", m, False)]
+        assert q.grad.dtype == torch.float64 and torch.isfinite(q.grad).all()
+        want = attnx.reference_backward(np.ones((1, 2, 100, 8)), *(q.detach().numpy(),) * 3,
+                                        attn_mask=m.mask)
+        q.grad = None
+        seen.clear()
+        at.scaled_dot_product_attention(q, q, q, attn_mask=m).sum().backward()
+        g = want.query + want.key + want.value                  # q is query, key and value
+        assert_close(q.grad.numpy().astype(np.float32), g, GATOL, GRTOL)
+        q.grad = None
+        seen.clear()
+    with pytest.raises(TypeError, match=r"attn_mask must be a torch.Tensor; got ndarray \(or an "
+                                        r"attnx.BlockMask;"):
+        at.scaled_dot_product_attention(q, q, q, attn_mask=bm.mask)

@@ -18,6 +18,7 @@ distributed = pytest.importorskip("distributed")
 
 import attnx  # noqa: E402
 import attnx.dask as adask  # noqa: E402
+from conftest import assert_close  # noqa: E402
 
 ATOL, RTOL = 2e-6, 1e-5
 
@@ -217,6 +218,157 @@ def test_sinks_counted_once_when_a_block_sees_no_key():
     mask[15, :] = False                      # row 15 sees no key at all: zeros
     out = _check(q, k, v, (1, 2, 20, 8), (1, 2, 10, 8), mask=mask, sinks=[2.0, -1.0])
     assert not out.compute()[0, :, 15].any()
+
+
+# ------------------------------------------------------------- BlockMask
+
+def _block_mask_check(q, k, v, q_chunks, k_chunks, bm, **kw):
+    """The dask call with the BlockMask ``bm`` (lazy: nothing computed) equals
+    the NumPy call with it and the float64 reference on its mask
+    (``assert_close``); returns the dask array and its result."""
+    out = adask.scaled_dot_product_attention(
+        da.from_array(q, q_chunks), da.from_array(k, k_chunks), da.from_array(v, k_chunks),
+        attn_mask=bm, **kw)
+    assert isinstance(out, da.Array)
+    got = out.compute()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, attnx.scaled_dot_product_attention(q, k, v, attn_mask=bm, **kw),
+                               atol=ATOL, rtol=RTOL)
+    assert_close(got, attnx.reference(q, k, v, attn_mask=bm.mask, **kw))
+    return out, got
+
+
+@pytest.mark.parametrize("chunking", list(CHUNKINGS))
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("is_causal", [False, True, "lower_right"])
+def test_block_mask_every_chunking(chunking, kind, is_causal):
+    """A BlockMask is cut into blocks as a plain mask is (it raised TypeError
+    inside dask): every chunking of the plain-mask tests, every mask shape."""
+    rng = _rng(20, len(chunking), len(kind), len(str(is_causal)))
+    q, k, v = _qkv(rng, (2, 4, 37, 16), (2, 4, 53, 16))
+    cq, ck = CHUNKINGS[chunking]
+    for mask_shape in [(2, 4, 37, 53), (37, 53), (2, 1, 37, 53), (4, 1, 53), (1, 37, 1)]:
+        if kind == "bool":
+            mask = rng.random(mask_shape) > 0.3
+        else:
+            mask = rng.standard_normal(mask_shape).astype(np.float32)
+            mask[rng.random(mask_shape) < 0.2] = -np.inf
+        _block_mask_check(q, k, v, cq, ck, attnx.BlockMask(mask), is_causal=is_causal)
+
+
+def _pairs(out):
+    """The (query chunk, key chunk) of every block task of ``out``."""
+    return {(key[-2], key[-1]) for key in _block_tasks(out)}
+
+
+@pytest.mark.parametrize("chunk", [64, 50, 96])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_mask_documents_graph_skips_empty_chunks(chunk, causal):
+    """Packed documents: the key chunks a bool BlockMask's map empties for a
+    query chunk are not in the graph (where chunks fall on the map's 64x32
+    blocks, exactly the chunks the mask keeps nothing of; else a superset);
+    a float BlockMask of the same documents keeps every block."""
+    L = 320
+    q, k, v = _qkv(_rng(21, chunk, causal), (2, 4, L, 16), (2, 4, L, 16))
+    bm = attnx.BlockMask.documents([100, 60, 32, 128], causal=causal)
+    out, _ = _block_mask_check(q, k, v, (1, 2, chunk, 16), (1, 2, chunk, 16), bm)
+    n = -(-L // chunk)
+    c = [(i * chunk, min(L, (i + 1) * chunk)) for i in range(n)]
+    kept = {(iq, ik) for iq in range(n) for ik in range(n)
+            if bm.mask[c[iq][0]:c[iq][1], c[ik][0]:c[ik][1]].any()}
+    got = _pairs(out)
+    assert kept <= got < {(iq, ik) for iq in range(n) for ik in range(n)}
+    if chunk % bm.MAP_ROWS == 0:
+        assert got == kept
+    assert len(_block_tasks(out)) == 2 * 2 * len(got)     # batch and head chunks alike
+    fm = attnx.BlockMask(np.where(bm.mask, 0.0, -np.inf))
+    out_f, _ = _block_mask_check(q, k, v, (1, 2, chunk, 16), (1, 2, chunk, 16), fm)
+    assert len(_pairs(out_f)) == n * n
+
+
+def test_block_mask_graph_keeps_a_chunk_any_head_keeps():
+    """A block of heads (and batch) keeps a key chunk that one of its heads
+    keeps; head chunks that keep nothing of it leave it out."""
+    L, c = 128, 64
+    mask = np.zeros((2, 4, L, L), bool)
+    mask[..., :, :c] = True                    # every head: the first key chunk
+    mask[1, 3, c:, c:] = True                  # batch 1, head 3 only: the second, late rows
+    q, k, v = _qkv(_rng(22), (2, 4, L, 8), (2, 4, L, 8))
+    out, _ = _block_mask_check(q, k, v, (1, 2, c, 8), (1, 2, c, 8), attnx.BlockMask(mask))
+    tasks = {key[1:] for key in _block_tasks(out)}
+    heavy = {(1, 1, 1, 1)}                     # (batch chunk, head chunk, query chunk, key chunk)
+    assert tasks == {(b, h, iq, 0) for b in range(2) for h in range(2) for iq in range(2)} | heavy
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_block_mask_variants_gqa_blhd(variant, kind):
+    """With lengths, GQA, the blhd layout and every variant (sinks join rows
+    that some skipped chunks leave empty once, after the merge)."""
+    rng = _rng(23, len(variant), len(kind))
+    Lq, Lk = 150, 200
+    q, k, v = _qkv(rng, (2, Lq, 4, 16), (2, Lk, 2, 16))
+    keep = attnx.BlockMask.documents([70, 80, 50]).mask[-Lq:]     # lower-right rows
+    keep = keep & (rng.random((2, 1, Lq, Lk)) > 0.1)
+    keep[0, 0, :5] = False                     # rows that keep no key: zeros
+    mask = keep if kind == "bool" else np.where(keep, rng.standard_normal(keep.shape), -np.inf)
+    kw = dict(VARIANTS[variant])
+    if "window" in kw or "alibi_slopes" in kw:
+        kw["alignment"] = "lower_right"
+    _block_mask_check(q, k, v, (1, 64, 2, 16), (1, 32, 1, 16), attnx.BlockMask(mask),
+                      layout="blhd", enable_gqa=True, key_lengths=[190, 120], **kw)
+
+
+def test_block_mask_padding_broadcast_over_queries():
+    """A padding BlockMask (B, 1, 1, Lk): its map's one row covers every query
+    chunk; key chunks wholly in a sequence's padding are left out."""
+    q, k, v = _qkv(_rng(27), (2, 2, 200, 8), (2, 2, 256, 8))
+    pad = np.ones((2, 1, 1, 256), bool)
+    pad[0, ..., 150:] = False
+    pad[1, ..., 40:] = False
+    out, _ = _block_mask_check(q, k, v, (1, 2, 64, 8), (1, 2, 64, 8), attnx.BlockMask(pad))
+    tasks = {(key[1], key[-1]) for key in _block_tasks(out)}       # (batch, key chunk)
+    assert tasks == {(0, 0), (0, 1), (0, 2), (1, 0)}
+
+
+def test_block_mask_one_key_chunk_with_sinks():
+    """One key chunk (sinks given to attnx with the block): a query chunk whose
+    only key chunk the map empties is zeros, as attnx gives rows without keys."""
+    q, k, v = _qkv(_rng(24), (1, 2, 128, 8), (1, 2, 128, 8))
+    mask = np.zeros((128, 128), bool)
+    mask[:64] = True
+    out, got = _block_mask_check(q, k, v, (1, 2, 64, 8), (1, 2, 128, 8), attnx.BlockMask(mask),
+                                 sinks=[1.0, -2.0])
+    assert _pairs(out) == {(0, 0)} and not got[..., 64:, :].any()
+
+
+def test_float_block_mask_nan_behind_inf_as_numpy():
+    """A float BlockMask's -inf added to a NaN score is NaN, in attnx and so in
+    dask: its empty chunks stay in the graph. A bool one's do not (its False
+    entries never reach a row)."""
+    L = 256
+    q, k, v = _qkv(_rng(25), (1, 2, L, 8), (1, 2, L, 8))
+    k[..., 200, :] = np.nan
+    fm = np.full((L, L), -np.inf, np.float32)
+    fm[:, :128] = 0.0
+    _, got = _block_mask_check(q, k, v, (1, 2, 64, 8), (1, 2, 64, 8), attnx.BlockMask(fm))
+    assert np.isnan(got).all()
+    out, got = _block_mask_check(q, k, v, (1, 2, 64, 8), (1, 2, 64, 8), attnx.BlockMask(fm == 0))
+    assert np.isfinite(got).all() and {ik for _, ik in _pairs(out)} == {0, 1}
+
+
+def test_block_mask_distributed(client):
+    rng = _rng(26)
+    q, k, v = _qkv(rng, (1, 4, 300, 16), (1, 4, 300, 16))
+    bm = attnx.BlockMask.documents([120, 80, 100], causal=True)
+    out = adask.scaled_dot_product_attention(
+        da.from_array(q, (1, 2, 64, 16)), da.from_array(k, (1, 2, 128, 16)),
+        da.from_array(v, (1, 2, 128, 16)), attn_mask=bm, sinks=[0.1, 0.2, 0.3, 0.4])
+    got = client.compute(out).result()
+    np.testing.assert_allclose(
+        got, attnx.scaled_dot_product_attention(q, k, v, attn_mask=bm, sinks=[0.1, 0.2, 0.3, 0.4]),
+        atol=ATOL, rtol=RTOL)
+    assert_close(got, attnx.reference(q, k, v, attn_mask=bm.mask, sinks=[0.1, 0.2, 0.3, 0.4]))
 
 
 # ---------------------------------------------------------------- the graph
