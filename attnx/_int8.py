@@ -25,7 +25,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._args import float_array, shape_str
+from ._args import float_array, positive_int, shape_str
 
 __all__ = ["int8_rotation", "quantize_int8", "dequantize_int8"]
 
@@ -127,9 +127,7 @@ def int8_rotation(dim: int) -> NDArray[np.float64]:
     >>> R.shape, bool(np.allclose(R @ R.T, np.eye(8)))
     ((8, 8), True)
     """
-    n = int(dim)
-    if n < 1:
-        raise ValueError(f"dim must be a positive integer; got {dim!r}")
+    n = positive_int(dim, "dim")       # 2.5, "8" and True are no size: TypeError
     if n & (n - 1) == 0:
         h = np.ones((1, 1))
         while h.shape[0] < n:

@@ -80,7 +80,9 @@ def _int8_pool(x: Tuple[object, ...], name: str,
                              f"{shape_str(rotation)}")
         rotation = rotation.astype(np.float64)
     centers = None if len(x) < 4 or x[3] is None else as_array(x[3], f"{name}[3]")
-    return unit_last_stride(pages), np.ascontiguousarray(scales, dtype=np.float32), rotation, \
+    # scales as the core reads them: C-contiguous float32, aligned (a misaligned
+    # view of float32 is a valid layout, which ascontiguousarray would keep)
+    return unit_last_stride(pages), np.require(scales, np.float32, ["C", "A"]), rotation, \
         centers
 
 

@@ -10,16 +10,36 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import TYPE_CHECKING, Any, Optional, Tuple, TypeVar
+from typing import Any, Callable, Optional, Protocol, Tuple, TypeVar
 
 import numpy as np
 
 from ._args import F32
 
-if TYPE_CHECKING:
-    from ._mha_weights import LayerWeights
 
-_M = TypeVar("_M", bound="LayerWeights")
+class _Layer(Protocol):
+    """What this module reads and writes of an attnx.MultiHeadAttention's
+    weights (``_mha_weights.LayerWeights``), named here so that this module
+    does not import that one back (it imports this one)."""
+    d_model: int
+    num_heads: int
+    d_head: int
+    kdim: int
+    vdim: int
+    bias: bool
+    W_q: F32
+    W_k: F32
+    W_v: F32
+    W_o: F32
+    b_q: Optional[F32]
+    b_k: Optional[F32]
+    b_v: Optional[F32]
+    b_o: Optional[F32]
+
+    def _check_parameters(self) -> None: ...
+
+
+_M = TypeVar("_M", bound=_Layer)
 
 
 def import_torch() -> Any:
@@ -47,7 +67,7 @@ def _has_bias(module: Any) -> bool:
     return module.in_proj_bias is not None or module.out_proj.bias is not None
 
 
-def _check_compatible(layer: LayerWeights, module: Any) -> None:
+def _check_compatible(layer: _Layer, module: Any) -> None:
     """ValueError unless the module's sizes are the layer's and it has no option attnx lacks."""
     theirs = (module.embed_dim, module.num_heads, module.head_dim, module.kdim, module.vdim)
     ours = (layer.d_model, layer.num_heads, layer.d_head, layer.kdim, layer.vdim)
@@ -107,7 +127,7 @@ def load_torch(layer: _M, module: Any, stacklevel: int) -> _M:
     return layer
 
 
-def from_torch(cls: type[_M], module: Any) -> _M:
+def from_torch(cls: Callable[..., _M], module: Any) -> _M:
     """:meth:`attnx.MultiHeadAttention.from_torch`, which calls it: a dropout
     warning points at that method's caller."""
     _check_module(module)

@@ -1,7 +1,8 @@
 """``python -m attnx bench``'s output without timing anything (the ``attnx.bench``
 subpackage): every kind of row printed under its own table (no ``nan`` and no
 cell that does not apply), the declarative list of cases, the subpackage's
-imports (no circle, no module importing one listed after it), and ``--plot DIR --from-json FILE`` drawing the
+imports (no circle, no module importing one listed after it; no circle in
+the whole package either), and ``--plot DIR --from-json FILE`` drawing the
 figures from a small saved ``--json`` output (matplotlib, the ``plot`` extra;
 its absence is one ``error:`` line naming the extra)."""
 
@@ -158,6 +159,67 @@ def test_bench_modules_import_no_circle():
     while len(done) < len(graph):                 # peel off the modules whose imports are done
         ready = {m for m, deps in graph.items() if m not in done and deps <= done}
         assert ready, f"an import circle among {sorted(set(graph) - done)}"
+        done |= ready
+
+
+PACKAGE = BENCH.parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(tree: ast.AST):
+    """The import statements of a module, at its top, inside its functions (a
+    lazy import hides a circle from Python, not from a reader) and under ``if
+    TYPE_CHECKING:`` (a circle of annotations is one for a reader too)."""
+    return (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
+def package_imports() -> dict:
+    """Each module of attnx/ (subpackages included, a package as its
+    __init__.py) and the modules of attnx/ it imports."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+                continue
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            folder = Path(PACKAGE.parent, *base.split("."))
+            for alias in node.names:     # a module of base (the extension too), or a name of it
+                sub = f"{base}.{alias.name}"
+                deps.add(sub if any(folder.glob(alias.name + ".*")) else base)
+        graph[name] = {d for d in deps if d in paths and d != name}
+    return graph
+
+
+def test_package_modules_import_no_circle():
+    """Issue 56, 6: no module of attnx/ imports, through others or itself, one
+    that imports it (integrations/_divergence.py imported transformers.py,
+    which imports it; _torch_interop.py imported _mha_weights.py's
+    LayerWeights under ``if TYPE_CHECKING:``, for annotations, and
+    _mha_weights.py imports it)."""
+    graph = package_imports()
+    assert {"attnx", "attnx._args", "attnx.integrations.transformers",
+            "attnx.bench.plot"} <= set(graph)
+    assert "attnx.integrations._cache" in graph["attnx.integrations.transformers"]
+    assert "attnx._args" in graph["attnx._int8"]
+    done: set = set()
+    while len(done) < len(graph):                 # peel off the modules whose imports are done
+        ready = {m for m, deps in graph.items() if m not in done and deps <= done}
+        if not ready:                             # name the circle: drop what only imports it
+            left = set(graph) - done
+            while tops := {m for m in left if not any(m in graph[o] for o in left)}:
+                left -= tops
+            pytest.fail(f"an import circle: {({m: sorted(graph[m] & left) for m in sorted(left)})}")
         done |= ready
 
 

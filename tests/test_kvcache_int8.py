@@ -217,6 +217,23 @@ def test_rotation_is_orthogonal_and_fixed():
         attnx.int8_rotation(0)
 
 
+@pytest.mark.parametrize("dim", [2.5, 8.0, "8", True, np.bool_(True), None, np.float64(4)])
+def test_rotation_dim_must_be_an_integer(dim):
+    """Issue 56, 5: int8_rotation(2.5) was a (2, 2) matrix and ("8") was taken;
+    dim is an integer (Python, NumPy, 0-d integer arrays), as every size of the
+    package: TypeError naming dim and the value; ValueError below 1."""
+    with pytest.raises(TypeError, match=r"dim must be a positive integer; got \w+ "):
+        attnx.int8_rotation(dim)
+
+
+def test_rotation_dim_takes_numpy_integers_and_refuses_non_positive():
+    np.testing.assert_array_equal(attnx.int8_rotation(np.int64(8)), attnx.int8_rotation(8))
+    np.testing.assert_array_equal(attnx.int8_rotation(np.array(6)), attnx.int8_rotation(6))
+    for dim in (0, -3, np.int32(-1)):
+        with pytest.raises(ValueError, match=rf"dim must be a positive integer; got {int(dim)}"):
+            attnx.int8_rotation(dim)
+
+
 def test_caches_share_one_read_only_rotation():
     """Every int8 cache of a width shares one read-only matrix (an AttnxCache
     has a cache a layer); int8_rotation's own array is the caller's to change,
@@ -482,6 +499,21 @@ def test_int8_pages_from_a_kvcache_equal_its_attend(isa, rng, center_keys):
     for b in range(B):
         got = out[sum(lq[:b]):sum(lq[:b + 1])].swapaxes(0, 1)
         assert_close(got, want[b], err_msg=f"sequence {b}")
+
+
+def test_int8_pages_take_misaligned_scales(rng):
+    """float32 scales at an address not a multiple of 4 (a valid NumPy layout,
+    found by the fuzzer) are read as aligned ones: once refused with "k's
+    scales data is not aligned", naming no argument."""
+    kq, ks = quantize_rows(randn(rng, (3, 8, 2, 16)), "k")
+    buf = np.empty(ks.nbytes + 1, np.uint8)
+    odd = buf[1:].view(np.float32).reshape(ks.shape)
+    odd[...] = ks
+    assert not odd.flags.aligned
+    q, cu, table = randn(rng, (1, 2, 16)), np.array([0, 1]), np.array([[2]], np.int32)
+    want = attnx.varlen_attention(q, (kq, ks), (kq, ks), cu, [0, 8], block_table=table)
+    got = attnx.varlen_attention(q, (kq, odd), (kq, odd), cu, [0, 8], block_table=table)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_int8_pages_refused_when_malformed(rng):

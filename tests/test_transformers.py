@@ -134,13 +134,14 @@ def test_sliding_window_reaches_the_core_as_window(monkeypatch):
     so that the core skips the key tiles outside the band; decoding with a cache
     does not (the mask says where the cached keys lie). The tokens stay "eager"'s."""
     import attnx.torch
+    from attnx.integrations import _implementation
     seen = []
     original = attnx.torch.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
         seen.append((args[0].shape[2], args[1].shape[2], kwargs.get("window")))
         return original(*args, **kwargs)
-    monkeypatch.setattr(hf, "_attention", spy)
+    monkeypatch.setattr(_implementation, "_attention", spy)
     ids, mask = inputs()
     ours, eager = build("gemma2_softcap_window", "attnx"), build("gemma2_softcap_window", "eager")
     a = ours.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
@@ -188,6 +189,21 @@ def test_training_with_attention_dropout_is_refused():
         model(input_ids=ids, attention_mask=mask)
     model.eval()                              # no dropout at inference: fine
     model(input_ids=ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("name, exc", [(123, TypeError), (None, TypeError), (b"attnx", TypeError),
+                                       (("attnx",), TypeError), ("", ValueError)])
+def test_register_refuses_a_name_that_is_not_a_non_empty_str(name, exc):
+    """Issue 56, 5: register(name=123) was accepted (transformers' interfaces
+    took 123 as a key no model can name). The name is a non-empty str:
+    TypeError for another type, ValueError for "", each naming the argument and
+    the value, and nothing registered."""
+    before = set(transformers.AttentionInterface._global_mapping)
+    with pytest.raises(exc, match="name must be a (non-empty )?str") as info:
+        hf.register(name)
+    assert str(info.value).endswith(repr(name))
+    assert set(transformers.AttentionInterface._global_mapping) == before
+    assert hf.register(name="attnx") == "attnx"
 
 
 def user_float_mask(name, dtype=torch.float32):

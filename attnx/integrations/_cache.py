@@ -57,7 +57,7 @@ class AttnxLayer(CacheLayerMixin):  # type: ignore[misc]
         self.pending = False     # placeholders returned that attnx's attention has not read
         #: the last padding mask the attention checked, shared by the layers of one
         #: AttnxCache (they see the same mask each step: it is checked once a step);
-        #: see attnx.integrations.transformers._mask_for
+        #: see attention_forward in attnx.integrations._implementation
         self.mask_memo: List[Any] = [None, None, None, None]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 
 from .._kvcache import CACHE_DTYPES as DTYPES
+from ._implementation import register
 from ._cache import AttnxCache
 
 
@@ -98,7 +99,6 @@ def load_model(model: str, gguf: bool) -> Any:
     checks it before it imports torch."""
     import transformers
 
-    from .transformers import register
     register()
     kw: Dict[str, Any] = dict(local_files_only=True)
     where = model

@@ -22,10 +22,21 @@ what it does not reach. The first byte picks one of four paths:
   ``varlen_attention_vjp`` with arbitrary ``cu_seqlens_q``/``cu_seqlens_k``:
   every integer dtype and some others, lists, wrapped values, not starting at
   0, decreasing, not ending at the packed length, of different lengths, 0-d
-  and 2-D; and the variants per head or per sequence;
+  and 2-D; and the variants per head or per sequence; then, now and then,
+  ``varlen_attention`` over int8 page pools with a ``block_table`` (pages in
+  a random order, unused table entries arbitrary): ``(pages, scales)``,
+  ``(pages, scales, rotation)`` (``attnx.int8_rotation(E)``, None, the
+  identity, a random or an integer matrix) and, for keys, ``(pages, scales,
+  rotation, centers)``; scales zero, subnormal, huge; pools re-laid out, or
+  malformed (pages not int8, scales of another shape or kind, rotations of
+  another shape or NaN, too many items, centers of another shape or NaN, a
+  value array beside key tuples), softcap with centres;
 * ``kvcache``: a ``KVCache`` built from fuzzed arguments, then a sequence of
   ``append``, ``attend`` and assignments to its public ``lengths``, with
-  arbitrary shapes, dtypes, token counts and options.
+  arbitrary shapes, dtypes, token counts and options; then, now and then, a
+  second session with an int8 cache (``center_keys`` True or False), whose
+  rows are at the end handed to ``varlen_attention`` as pages (with its
+  rotations and, mostly, its centres).
 
 ``run_one(data)`` is the whole check (as in fuzz_sdpa.py, also used by pytest's
 replay of tests/fuzz/corpus_api/ in tests/test_fuzz_corpus.py):
@@ -52,6 +63,15 @@ replay of tests/fuzz/corpus_api/ in tests/test_fuzz_corpus.py):
   - kvcache: ``append`` writes in place exactly what the harness's own
     record expects, and nothing at all when it raises; ``attend`` equals
     ``attnx.reference`` per sequence over that record (lower-right causal).
+    An int8 cache's record is what it stored: each appended row, rotated
+    (``y = R (x - centre)``), within the documented ``max|y| / 254`` of
+    ``scale * q``, no value -128, each sequence's centre the mean of its
+    first keys; NaN, inf and rows too long for float32 once rotated refused;
+    ``attend`` against ``attnx.reference`` over the rows the record stands
+    for, ``(scale * q) @ R`` plus the centre (softcap refused with centres);
+  - int8 pages: each sequence against ``attnx.reference`` over its pages'
+    rows as they stand, ``(scale * q) @ R`` plus its centre, gathered
+    through the block table.
 
 The bytes are read with fuzz_sdpa.py's decoder and array builders (imported,
 not copied: a change there changes this corpus's meaning too). Reads never
@@ -109,7 +129,8 @@ F32_MAX = float(np.finfo(np.float32).max)
 # failure. Remove an entry when its bug is fixed.
 KNOWN_BUGS: list = [
     # (exception type, text in its message, a function its traceback passes through,
-    #  what the bug is); empty: the eight findings of the first runs are fixed
+    #  what the bug is); the eight findings of the first runs are fixed, and the
+    #  ninth (int8 pools with misaligned float32 scales refused, issue 56)
 ]
 
 
@@ -987,6 +1008,12 @@ def seq_option(x, i, N):
 
 
 def mode_varlen(dec, rng, T):
+    varlen_packed(dec, rng, T)
+    if dec.chance(3):                          # (read last: older files decode to none of it)
+        varlen_int8_pages(dec, rng, T)
+
+
+def varlen_packed(dec, rng, T):
     import attnx
 
     N = dec.int(0, 4)
@@ -1173,12 +1200,238 @@ def mode_varlen(dec, rng, T):
         assert_same(grads.sinks, want, "varlen vjp: grads.sinks against the per-sequence sums")
 
 
+# ------------------------------------------------------------- int8 pages
+
+#: how a pool's rows are rotated: attnx.int8_rotation(E) (the caches' format),
+#: none (a 2-tuple, or None in the third place), the identity, a random
+#: matrix (any finite (E, E) is a rotation to varlen_attention: rows stand for
+#: ``(scale * q) @ R``), an integer matrix
+ROTATIONS = ("int8_rotation", "int8_rotation", "pair", "none", "eye", "random", "integer")
+#: what makes an int8 pool call invalid, and the argument its error names
+INT8_FAULTS = {"pages_int16": "key", "pages_list": "key", "scales_shape": "key",
+               "scales_int": "value", "rotation_shape": "key", "rotation_nan": "value",
+               "five_items": "key", "value_centers": "value", "value_array": "value",
+               "centers_shape": "key", "centers_nan": "key", "pages_disagree": "value"}
+
+
+def int8_scales(dec, rng, shape):
+    """float32 scales (>= 0) in one regime: rows of zeros, subnormal, huge, mixed."""
+    kind = dec.pick(("normal", "normal", "zeros", "tiny", "huge", "mixed", "small"))
+    s = rng.random(shape) * 0.03
+    if kind == "zeros":
+        s[rng.random(shape) < 0.5] = 0.0
+    elif kind == "tiny":
+        s *= 1e-40
+    elif kind == "huge":
+        s *= 1e34
+    elif kind == "mixed":
+        s *= 10.0 ** rng.uniform(-40, 3, shape)
+    elif kind == "small":
+        s *= 0.01
+    return s.astype(np.float32)
+
+
+def int8_rotation_form(dec, rng, E):
+    """A pool's rotation as passed (or "pair": a 2-tuple) and as the rows use it."""
+    import attnx
+
+    form = dec.pick(ROTATIONS)
+    if form == "int8_rotation":
+        r = attnx.int8_rotation(E)
+    elif form == "eye":
+        r = np.eye(E, dtype=np.float32)
+    elif form == "random":
+        r = rng.standard_normal((E, E)) / np.sqrt(E)
+    elif form == "integer":
+        r = np.diag(rng.choice((-1, 1), size=E))[rng.permutation(E)]     # a signed permutation
+    else:
+        r = None
+    return form, r
+
+
+def pool_rows(pages, scales, rotation):
+    """The rows an int8 pool stands for, float64: ``(scale * q) @ R`` (no R: ``scale * q``)."""
+    x = scales.astype(np.float32).astype(np.float64)[..., None] * pages
+    return x if rotation is None else x @ np.asarray(rotation, np.float64)
+
+
+def varlen_int8_pages(dec, rng, T):
+    """varlen_attention over int8 page pools (``(pages, scales)``, ``(pages,
+    scales, rotation)``, keys also ``(pages, scales, rotation, centers)``),
+    pages in a random order, unused block_table entries arbitrary: each
+    sequence within float32 rounding of float64 attention over the rows the
+    pools stand for (plus its centre)."""
+    N = dec.int(1, 4)
+    Hk = dec.pick((1, 2, 3, 1))
+    g = dec.int(1, 3) if dec.chance(2) else 1
+    Hq = Hk * g
+    E, Ev = dec.pick((1, 2, 3, 4, 5, 8, 16, 17)), dec.pick((1, 2, 3, 4, 8, 16))
+    bs = dec.pick((1, 2, 3, 4, 8, 16))
+    klens = [dec.pick((0, 1, 2, 3, 5, 8, 9, 17, 1, 33)) for _ in range(N)]
+    qlens = [dec.pick((1, 1, 2, 3, 0, 5)) for _ in range(N)]
+    need = [-(-n // bs) for n in klens]
+    NB = sum(need) + dec.int(0, 3)
+    order = rng.permutation(NB)
+    table = rng.integers(-3, NB + 4, size=(N, max(need + [1])))    # unused entries: anything
+    at = 0
+    for i, n in enumerate(need):
+        table[i, :n] = order[at:at + n]
+        at += n
+    kq = rng.integers(-127, 128, size=(NB, bs, Hk, E)).astype(np.int8)
+    vq = rng.integers(-127, 128, size=(NB, bs, Hk, Ev)).astype(np.int8)
+    ks, vs = int8_scales(dec, rng, (NB, bs, Hk)), int8_scales(dec, rng, (NB, bs, Hk))
+    kform, kr = int8_rotation_form(dec, rng, E)
+    vform, vr = int8_rotation_form(dec, rng, Ev)
+    centers = None
+    if dec.bool():
+        centers = f32(rng.standard_normal((N, Hk, E)) * dec.pick((0.5, 3.0, 100.0)))
+    key = (kq, ks) if kform == "pair" and centers is None else (kq, ks, kr)
+    if centers is not None:
+        key += (centers,)
+    value = (vq, vs) if vform == "pair" else (vq, vs, vr)
+    regime = dec.pick(REGIMES)
+    q = f32(values(rng, (sum(qlens), Hq, E), regime))
+    T(f"varlen int8 pages: N={N}, Hq={Hq}, Hk={Hk}, E={E}, Ev={Ev}, block_size={bs}, "
+      f"{NB} pages, key lengths {klens}, query lengths {qlens}, rotations {kform}/{vform}, "
+      f"centers {centers is not None}, query regime {regime}")
+    opts, names, refused = int8_page_options(dec, rng, N, Hq, g, centers is not None, T)
+    if dec.chance(4):                      # the key pool laid out otherwise
+        key = (arrange(dec, kq, rng), arrange(dec, ks, rng)) + key[2:]
+        if not isinstance(key[0], np.ndarray):          # a list of ints: int64, not int8 pages
+            names.add("key")
+            refused = refused or "key[0] as a list"
+        elif np.shape(np.asarray(key[1])) != kq.shape[:3]:     # a list of an empty array
+            names.add("key")
+            refused = refused or "key[1] as a list of another shape"
+        else:
+            kq, ks = key[0], np.asarray(key[1])         # (a broadcast repeats some rows)
+        T(f"  key pools: {show(key[0])}, {show(key[1])}")
+    if dec.chance(6):
+        how = dec.pick(tuple(INT8_FAULTS))
+        key, value = int8_fault(how, key, value, N, rng)
+        names.add(INT8_FAULTS[how])
+        refused = refused or how
+        T(f"  {how}")
+    kd, vd = pool_rows(kq, ks, kr), pool_rows(vq, vs, vr)
+    check_int8_pages(T, "varlen int8 pages", q, key, value, qlens, klens, table, opts,
+                     kd, vd, centers, names, refused)
+
+
+def int8_page_options(dec, rng, N, Hq, g, centred, T):
+    """The keywords of an int8 pages call (valid unless the names say which are not)."""
+    opts, names, refused = {}, set(), None
+    opts["is_causal"] = dec.pick(("lower_right", False, True, "lower_right"))
+    if g > 1 or dec.chance(4):
+        opts["enable_gqa"] = True
+    if dec.chance(4):
+        opts["scale"] = dec.pick((0.5, 0.125, 2.0))
+    if dec.chance(3):
+        opts["sinks"] = rng.standard_normal(dec.pick(((Hq,), (N, Hq)))).astype(np.float32)
+    if dec.chance(5):
+        opts["window"] = (dec.pick((None, 0, 1, 4)), dec.pick((None, 0, 2)))
+    if dec.chance(5):
+        opts["softcap"] = dec.pick((1.0, 30.0))
+        if centred:                        # tanh does not cancel the centre's shift
+            names.add("softcap")
+            refused = "softcap over centred key pages"
+    T(f"  options {show(opts)}")
+    return opts, names, refused
+
+
+def int8_fault(how, key, value, N, rng):
+    """key and value with one fault of INT8_FAULTS."""
+    kq, ks = key[0], key[1]
+    E = np.shape(kq)[-1]
+    if how == "pages_int16":
+        key = (np.asarray(kq).astype(np.int16),) + key[1:]
+    elif how == "pages_list":
+        key = (np.asarray(kq).tolist(),) + key[1:]
+    elif how == "scales_shape":
+        key = (kq, np.asarray(ks)[:, :-1]) + key[2:]
+    elif how == "scales_int":
+        value = (value[0], np.asarray(value[1]).astype(np.int32)) + value[2:]
+    elif how == "rotation_shape":
+        key = (kq, ks, np.eye(E + 1)) + key[3:]
+    elif how == "rotation_nan":
+        Ev = np.shape(value[0])[-1]
+        value = (value[0], value[1], np.full((Ev, Ev), np.nan))
+    elif how == "five_items":
+        key = (key + (None, None, None))[:5]
+    elif how == "value_centers":
+        value = (value + (None,))[:3] + (np.zeros((N,) + np.shape(value[0])[2:]),)
+    elif how == "value_array":
+        value = np.zeros(np.shape(value[0]), np.float32)
+    elif how == "centers_shape":
+        key = (key + (None,))[:3] + (np.zeros((N + 1,) + np.shape(kq)[2:], np.float32),)
+    elif how == "centers_nan":
+        key = (key + (None,))[:3] + (np.full((N,) + np.shape(kq)[2:], np.nan, np.float32),)
+    elif how == "pages_disagree":
+        vq = np.asarray(value[0])
+        value = (np.concatenate([vq, vq[:1]]), np.concatenate([value[1], value[1][:1]])) + value[2:]
+    return key, value
+
+
+def check_int8_pages(T, what, q, key, value, qlens, klens, table, opts, kd, vd, centers,
+                     names, refused):
+    """varlen_attention(q, key, value, cu_seqlens, block_table=table, return_lse=True,
+    **opts) over int8 pools: refused when ``refused`` says so, naming one of
+    ``names``; else each sequence against float64 attention over its rows of
+    ``kd`` and ``vd`` (the pools' rows as they stand, (num_blocks, block_size,
+    Hk, E) float64), keys plus ``centers[i]`` (N, Hk, E) when given."""
+    import attnx
+
+    cq, ck = np.cumsum([0] + qlens), np.cumsum([0] + klens)
+    snaps = [(n, x, snapshot(x)) for n, x in [("query", q)] + [
+        (f"key[{i}]", x) for i, x in enumerate(key) if isinstance(key, tuple)] + [
+        (f"value[{i}]", x) for i, x in enumerate(value) if isinstance(value, tuple)]]
+    T(f"{what}: varlen_attention(query, key, value, {cq.tolist()}, {ck.tolist()}, "
+      f"block_table={show(table)}, return_lse=True, **options)")
+    ok, res = attempt(T, what, lambda: attnx.varlen_attention(
+        q, key, value, cq, ck, block_table=table, return_lse=True, **opts), names)
+    check_unchanged(snaps, what)
+    if not ok:
+        return
+    assert refused is None, f"{what}: accepted {refused}"
+    out, lse = res
+    Hq, Hk, bs = q.shape[1], kd.shape[2], kd.shape[1]
+    assert out.dtype == np.float32 and out.shape == (q.shape[0], Hq, vd.shape[-1]), \
+        f"{what}: out {out.dtype} {out.shape}"
+    assert lse.dtype == np.float32 and lse.shape == (Hq, q.shape[0]), f"{what}: lse {lse.shape}"
+    for i, (m, n) in enumerate(zip(qlens, klens)):
+        if m == 0:
+            continue
+        pages = table[i, :-(-n // bs)]
+
+        def rows(pool):
+            return pool[pages].reshape(-1, Hk, pool.shape[-1])[:n].swapaxes(0, 1)[None]
+        k, v = rows(kd), rows(vd)
+        if centers is not None:
+            k = k + centers[i].astype(np.float64)[None, :, None, :]
+        qi = q[cq[i]:cq[i + 1]].swapaxes(0, 1)[None]
+        kw = dict(opts, enable_gqa=True, sinks=seq_option(opts.get("sinks"), i, len(qlens)))
+        if qi.size + k.size + v.size > 6000 or not finite_small(qi, k, v) or not modest(kw):
+            continue
+        STATS[f"{what} compared with reference"] += 1
+        T(f"  sequence {i} compared with reference")
+        want = attnx.reference(qi, k, v, **kw)
+        close(out[cq[i]:cq[i + 1]], want[0].swapaxes(0, 1), f"{what}: sequence {i}'s output",
+              None, None)
+        _, want_lse = attnx.scaled_dot_product_attention(qi, k, v, return_lse=True, **kw)
+        close(lse[:, cq[i]:cq[i + 1]], want_lse[0], f"{what}: sequence {i}'s lse", 1e-5, 1e-5)
+
+
 # ------------------------------------------------------------------- kvcache
 
 # sizes that are not positive integers (max_len: 0 is valid), and one too big to allocate
 BAD_INTS = (0, -1, 2.0, True, "2", None, np.int64(-3), np.array([2]), 2**62, np.float32(1))
-GOOD_CACHE_DTYPES = (np.float32, np.float16, "float32", "float16", np.dtype(np.float16))
+#: the float caches' dtypes: every kvcache input's first session reads one of these
+FLOAT_CACHE_DTYPES = (np.float32, np.float16, "float32", "float16", np.dtype(np.float16))
+#: the int8 caches' (keys centred or not): a second session, read after the first
+#: (its choices come after every read of older files, which keep their meaning)
+INT8_CACHE_DTYPES = ("int8", np.int8, np.dtype(np.int8))
+GOOD_CACHE_DTYPES = FLOAT_CACHE_DTYPES + INT8_CACHE_DTYPES
 BAD_CACHE_DTYPES = (np.float64, np.int32, "bogus", None, object, "f8", bool)
+BAD_FLAGS = ("yes", 1, None, 0.0, np.int8(0))
 
 
 def cache_arg_ok(name, x):
@@ -1186,9 +1439,11 @@ def cache_arg_ok(name, x):
     to allocate is valid: MemoryError)."""
     if name == "dtype":
         try:
-            return np.dtype(x) in (np.dtype(np.float32), np.dtype(np.float16))
+            return np.dtype(x) in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int8))
         except TypeError:
             return False
+    if name == "center_keys":
+        return isinstance(x, (bool, np.bool_))
     if name == "value_dim" and x is None:
         return True
     if isinstance(x, (bool, np.bool_)):
@@ -1201,17 +1456,31 @@ def cache_arg_ok(name, x):
 
 
 def mode_kvcache(dec, rng, T):
+    kv_session(dec, rng, T, FLOAT_CACHE_DTYPES)
+    if dec.chance(3):                          # (read last: older files decode to none of it)
+        kv_session(dec, rng, T, INT8_CACHE_DTYPES)
+
+
+def kv_session(dec, rng, T, dtypes):
+    """A KVCache of one of ``dtypes`` built from fuzzed arguments, then a sequence
+    of ``append``, ``attend`` and assignments to ``lengths``, the cache checked
+    against the harness's record after each; an int8 cache's rows then handed
+    to varlen_attention as pages."""
     import attnx
 
+    int8 = dtypes is INT8_CACHE_DTYPES
     params = {"batch": dec.pick((1, 2, 3, 2)), "heads": dec.pick((1, 2, 3, 1)),
               "max_len": dec.pick((0, 1, 2, 4, 5, 8, 9, 16, 17, 24)),
               "head_dim": dec.pick((1, 2, 3, 4, 5, 8, 9)),
               "value_dim": dec.pick((None, None, 1, 3, 4, 8)),
-              "dtype": dec.pick(GOOD_CACHE_DTYPES)}
+              "dtype": dec.pick(dtypes)}
+    if int8:
+        params["center_keys"] = dec.pick((True, False, True, np.False_))
     names, refused = set(), None
     if dec.chance(8):
         name = dec.pick(tuple(params))
-        params[name] = dec.pick(BAD_CACHE_DTYPES if name == "dtype" else BAD_INTS)
+        params[name] = dec.pick(BAD_CACHE_DTYPES if name == "dtype" else
+                                BAD_FLAGS if name == "center_keys" else BAD_INTS)
         names.add(name)
         if not cache_arg_ok(name, params[name]):
             refused = name
@@ -1225,23 +1494,219 @@ def mode_kvcache(dec, rng, T):
     Dv = cache.value_dim
     dt = cache.k.dtype
     assert cache.k.shape == (B, H, max_len, D) and cache.v.shape == (B, H, max_len, Dv)
-    assert dt in (np.float32, np.float16) and cache.v.dtype == dt
+    assert dt in ((np.int8,) if int8 else (np.float32, np.float16)) and cache.v.dtype == dt
     assert cache.lengths.dtype == np.int64 and cache.lengths.tolist() == [0] * B
-    k_buf, v_buf = cache.k, cache.v
-    K, V = np.zeros(cache.k.shape, dt), np.zeros(cache.v.shape, dt)   # the harness's record
+    rec = Int8Record(cache, bool(params.get("center_keys"))) if int8 else FloatRecord(cache)
     lengths = np.zeros(B, np.int64)
     lengths_ok = True
     for step in range(dec.int(1, 8)):
         op = dec.pick(("append", "append", "attend", "attend", "append", "attend", "lengths"))
         if op == "append":
-            lengths_ok = kv_append(dec, rng, T, cache, K, V, lengths, lengths_ok, step)
+            lengths_ok = kv_append(dec, rng, T, cache, rec, lengths, lengths_ok, step)
         elif op == "attend":
-            kv_attend(dec, rng, T, cache, K, V, lengths, lengths_ok, step)
+            kv_attend(dec, rng, T, cache, rec, lengths, lengths_ok, step)
         else:
             lengths_ok = kv_lengths(dec, rng, T, cache, lengths, step)
-        assert cache.k is k_buf and cache.v is v_buf, "KVCache: its buffers were replaced"
-        assert_same(cache.k, K, f"KVCache: step {step}: k against the harness's record")
-        assert_same(cache.v, V, f"KVCache: step {step}: v against the harness's record")
+        rec.check(cache, step)
+    if int8 and lengths_ok and dec.chance(2):
+        kv_int8_pages(dec, rng, T, cache, rec, lengths)
+
+
+class FloatRecord:
+    """What a float KVCache must hold: a copy of its k and v, written by the harness."""
+
+    KIND = "KVCache"
+
+    def __init__(self, cache):
+        self.bufs = (cache.k, cache.v)
+        self.K, self.V = (np.zeros(x.shape, x.dtype) for x in (cache.k, cache.v))
+
+    def faults(self, cache, k_new, v_new, want_k, want_v, lengths):
+        """What append must refuse in k_new and v_new: (the first fault or None,
+        the names a refusal may give)."""
+        half = cache.k.dtype == np.float16
+        fk, fv = float_problem(k_new, want_k, half), float_problem(v_new, want_v, half)
+        return fk or fv, ({"k_new"} if fk else set()) | ({"v_new"} if fv else set())
+
+    def write(self, cache, lengths, n, ka, va):
+        with np.errstate(all="ignore"):
+            for b in range(cache.batch):
+                at = int(lengths[b])
+                self.K[b, :, at:at + n] = ka[b]
+                self.V[b, :, at:at + n] = va[b]
+
+    def rows(self, b, L):
+        """Sequence b's first L keys and values, (1, H, L, width), as attention reads them."""
+        return self.K[b:b + 1, :, :L], self.V[b:b + 1, :, :L]
+
+    def check(self, cache, step):
+        assert cache.k is self.bufs[0] and cache.v is self.bufs[1], \
+            "KVCache: its buffers were replaced"
+        assert_same(cache.k, self.K, f"KVCache: step {step}: k against the harness's record")
+        assert_same(cache.v, self.V, f"KVCache: step {step}: v against the harness's record")
+
+
+class Int8Record:
+    """What an int8 KVCache must hold: a copy of its int8 rows, scales and key
+    centres. An append's rows are checked against what was appended (each
+    rotated value within the documented bound, the centres the mean of a
+    sequence's first keys) and then copied here; attention is checked in
+    float64 over the rows these stand for, ``(scale * q) @ R`` plus the centre."""
+
+    NAMES = ("k", "v", "k_scale", "v_scale", "k_center")
+    KIND = "KVCache int8"
+
+    def __init__(self, cache, centred):
+        import attnx
+
+        B, H, max_len = cache.batch, cache.heads, cache.max_len
+        self.bufs = tuple(getattr(cache, n) for n in self.NAMES)
+        assert cache.k_scale.shape == cache.v_scale.shape == (B, H, max_len)
+        assert cache.k_scale.dtype == cache.v_scale.dtype == np.float32
+        assert (cache.k_center is not None) == centred, \
+            f"KVCache int8: k_center {cache.k_center} with center_keys={centred}"
+        if centred:
+            assert cache.k_center.shape == (B, H, 1, cache.head_dim)
+            assert cache.k_center.dtype == np.float32 and not cache.k_center.any()
+        self.Rk, self.Rv = attnx.int8_rotation(cache.head_dim), attnx.int8_rotation(cache.value_dim)
+        for r, mine in ((cache.k_rotation, self.Rk), (cache.v_rotation, self.Rv)):
+            assert not r.flags.writeable and r.dtype == np.float64
+            assert_same(r, mine, "KVCache: k_rotation/v_rotation against attnx.int8_rotation")
+        self.arrays = {n: None if b is None else np.zeros(b.shape, b.dtype)
+                       for n, b in zip(self.NAMES, self.bufs)}
+
+    def centres(self, cache, a, lengths):
+        """The centres (batch, heads, 1, E) float64 appending keys ``a`` uses:
+        the mean of a sequence's keys when they are its first (then fixed),
+        else its centre so far; None for an uncentred cache."""
+        if self.arrays["k_center"] is None:
+            return None
+        c = self.arrays["k_center"].astype(np.float64)
+        starts = lengths == 0
+        if a.shape[2] and starts.any():
+            c[starts] = a[starts].mean(axis=2, keepdims=True).astype(np.float32)
+        return c
+
+    def rotated(self, a, rotation, centre):
+        """y = (x - centre) @ R.T (float64) for the rows of ``a``."""
+        x = a.astype(np.float64)
+        if centre is not None:
+            x = x - centre
+        return x @ rotation.T
+
+    def faults(self, cache, k_new, v_new, want_k, want_v, lengths):
+        """What append must refuse (the first fault, or None) and the names a
+        refusal may give: besides shapes and dtypes, NaN and inf, and rows too
+        long for float32 once centred and rotated (within a hair of the limit,
+        either answer passes)."""
+        fault, names = None, set()
+        for name, x, want, R in (("k_new", k_new, want_k, self.Rk),
+                                 ("v_new", v_new, want_v, self.Rv)):
+            p = float_problem(x, want)
+            if p is None or p == "float64 values beyond float32's range":
+                a = np.asarray(x, dtype=np.float64)
+                if not np.isfinite(a).all():
+                    p = "NaN or inf, which an int8 cache cannot store"
+                elif a.size and a.shape[-1]:
+                    c = self.centres(cache, a, lengths) if name == "k_new" else None
+                    with np.errstate(all="ignore"):
+                        top = np.abs(self.rotated(a, R, c)).max()
+                    p = "a row too long for float32 once rotated" if top > F32_MAX * (1 + 1e-6) \
+                        else None
+                    if top > F32_MAX * (1 - 1e-6):
+                        names.add(name)
+                else:
+                    p = None
+            if p is not None:
+                fault = fault or f"{name}: {p}"
+                names.add(name)
+        return fault, names
+
+    def write(self, cache, lengths, n, ka, va):
+        """The rows an append wrote (from ``lengths``, n a sequence), checked and kept."""
+        r = self.arrays
+        c = self.centres(cache, ka.astype(np.float64), lengths)
+        if c is not None:
+            got = cache.k_center.astype(np.float64)
+            assert np.all(np.abs(got - c) <= np.spacing(np.abs(c).astype(np.float32))), \
+                "KVCache int8: k_center is not the mean of each sequence's first keys"
+            r["k_center"][...] = cache.k_center
+        for b in range(cache.batch):
+            at = int(lengths[b])
+            rows = slice(at, at + n)
+            for name, a, R, centre in (("k", ka, self.Rk, None if c is None else c[b]),
+                                       ("v", va, self.Rv, None)):
+                q, s = getattr(cache, name)[b, :, rows], getattr(cache, name + "_scale")[b, :, rows]
+                assert q.dtype == np.int8 and (q != -128).all(), f"KVCache int8: {name} holds -128"
+                y = self.rotated(a[b], R, centre)
+                top = np.abs(y).max(axis=-1, keepdims=True) if y.shape[-1] else np.zeros(y.shape)
+                bound = top / 254 * (1 + 2e-5) + np.where(top < 127 * 2.0 ** -126, 2.0 ** -150, 0)
+                err = np.abs(s[..., None].astype(np.float64) * q - y)
+                if not np.all(err <= bound):
+                    i = np.unravel_index(np.argmax(err - bound), err.shape)
+                    raise AssertionError(f"KVCache int8: {name} of sequence {b}, (head, token, "
+                                         f"channel) {i}: stored {s[i[:2]]!r} * {q[i]} is "
+                                         f"{err[i]:.3g} from the rotated value {y[i]!r}, past the "
+                                         f"bound {bound[i[:2]][0]:.3g}")
+                r[name][b, :, rows] = q
+                r[name + "_scale"][b, :, rows] = s
+        STATS["KVCache int8.append: rows within the bound"] += 1
+
+    def rows(self, b, L):
+        """Sequence b's first L keys and values, (1, H, L, width) float64, as they
+        stand: ``(scale * q) @ R``, plus the keys' centre."""
+        r = self.arrays
+
+        def rows_(q, s, R):
+            return (s[b:b + 1, :, :L, None].astype(np.float64) * q[b:b + 1, :, :L]) @ R
+        k = rows_(r["k"], r["k_scale"], self.Rk)
+        if r["k_center"] is not None:
+            k = k + r["k_center"][b:b + 1].astype(np.float64)
+        return k, rows_(r["v"], r["v_scale"], self.Rv)
+
+    def check(self, cache, step):
+        for name, buf in zip(self.NAMES, self.bufs):
+            x = getattr(cache, name)
+            assert x is buf, f"KVCache: its {name} was replaced"
+            if x is not None:
+                assert_same(x, self.arrays[name], f"KVCache: step {step}: {name} against the "
+                            f"harness's record")
+
+
+def kv_int8_pages(dec, rng, T, cache, rec, lengths):
+    """An int8 cache's rows handed to varlen_attention as pages of a size that
+    divides max_len, with its rotations and (mostly, when it centres keys) its
+    centres: each sequence against float64 attention over the rows the record
+    says they stand for (issue 56: the centres' 4-tuple once left its
+    rotation out)."""
+    B, H, max_len = cache.batch, cache.heads, cache.max_len
+    if max_len == 0:
+        return
+    bs = dec.pick(tuple(d for d in (max_len, 1, 2, 4, 8) if max_len % d == 0))
+    nb = max_len // bs
+
+    def pool(x):                        # (B, H, max_len, ...) -> (B * nb, bs, H, ...)
+        x = np.moveaxis(x, 1, 2)
+        return np.ascontiguousarray(x).reshape((B * nb, bs) + x.shape[2:])
+    g = dec.int(1, 3) if dec.chance(3) else 1
+    qlens = [dec.pick((1, 1, 2, 3, 0)) for _ in range(B)]
+    centred = cache.k_center is not None and dec.int(0, 3) != 0
+    regime = dec.pick(("normal", "normal", "small", "huge", "special"))
+    q = f32(values(rng, (sum(qlens), H * g, cache.head_dim), regime))
+    T(f"KVCache int8 as pages of {bs} rows: lengths {lengths.tolist()}, query lengths {qlens}, "
+      f"centres {centred}, query regime {regime}")
+    key = (pool(cache.k), pool(cache.k_scale), cache.k_rotation)
+    if centred:
+        key += (cache.k_center[:, :, 0],)
+    value = (pool(cache.v), pool(cache.v_scale), cache.v_rotation)
+    opts, names, refused = int8_page_options(dec, rng, B, H * g, g, centred, T)
+    r = rec.arrays
+    kd = pool_rows(pool(r["k"]), pool(r["k_scale"]), rec.Rk)
+    vd = pool_rows(pool(r["v"]), pool(r["v_scale"]), rec.Rv)
+    table = np.arange(B * nb).reshape(B, nb)
+    check_int8_pages(T, "KVCache int8 as pages", q, key, value, qlens,
+                     [int(n) for n in lengths], table, opts, kd, vd,
+                     r["k_center"][:, :, 0] if centred else None, names, refused)
 
 
 def kv_tokens(dec, rng, cache, n, width, regime):
@@ -1250,7 +1715,7 @@ def kv_tokens(dec, rng, cache, n, width, regime):
         if dec.chance(4) else typed(values(rng, (cache.batch, cache.heads, n, width), regime), dt)
 
 
-def kv_append(dec, rng, T, cache, K, V, lengths, lengths_ok, step):
+def kv_append(dec, rng, T, cache, rec, lengths, lengths_ok, step):
     n = dec.pick((1, 1, 2, 3, 0, 5, 8, 17))
     regime = dec.pick(("normal", "normal", "small", "special", "huge", "zeros"))
     k_new = kv_tokens(dec, rng, cache, n, cache.head_dim, regime)
@@ -1288,12 +1753,8 @@ def kv_append(dec, rng, T, cache, K, V, lengths, lengths_ok, step):
         T(f"  {which}: {how}")
     want_k, want_v = (cache.batch, cache.heads, n, cache.head_dim), (cache.batch, cache.heads, n,
                                                                        cache.value_dim)
-    half = cache.k.dtype == np.float16
-    fault = float_problem(k_new, want_k, half) or float_problem(v_new, want_v, half)
-    if float_problem(k_new, want_k, half):
-        names.add("k_new")
-    if float_problem(v_new, want_v, half):
-        names.add("v_new")
+    fault, at_fault = rec.faults(cache, k_new, v_new, want_k, want_v, lengths)
+    names |= at_fault
     full = bool(lengths_ok and cache.batch and int(lengths.max()) + n > cache.max_len)
     if full:
         names.add("max_len")
@@ -1312,12 +1773,7 @@ def kv_append(dec, rng, T, cache, K, V, lengths, lengths_ok, step):
     assert lengths_ok, "KVCache.append: accepted a lengths attribute out of range or kind"
     assert not full, f"KVCache.append: accepted {n} token(s) past max_len={cache.max_len}"
     assert fault is None, f"KVCache.append: accepted k_new/v_new with {fault}"
-    ka, va = np.asarray(k_new), np.asarray(v_new)
-    with np.errstate(all="ignore"):
-        for b in range(cache.batch):
-            at = int(lengths[b])
-            K[b, :, at:at + n] = ka[b]
-            V[b, :, at:at + n] = va[b]
+    rec.write(cache, lengths, n, np.asarray(k_new), np.asarray(v_new))
     lengths += n
     got = np.asarray(cache.lengths)
     assert got.tolist() == lengths.tolist(), f"KVCache.append: lengths {got.tolist()}, expected " \
@@ -1418,7 +1874,7 @@ def kv_row(opts, b, B):
     return row
 
 
-def kv_attend(dec, rng, T, cache, K, V, lengths, lengths_ok, step):
+def kv_attend(dec, rng, T, cache, rec, lengths, lengths_ok, step):
     import attnx
 
     B, H = cache.batch, cache.heads
@@ -1447,6 +1903,9 @@ def kv_attend(dec, rng, T, cache, K, V, lengths, lengths_ok, step):
         T(f"  q: {how}")
     opts, bad, refused = kv_options(dec, rng, cache, Hq, nq, T)
     names |= bad
+    if cache.k_center is not None and opts.get("softcap"):   # tanh does not cancel the centre
+        names.add("softcap")
+        refused = refused or "softcap over centred int8 keys"
     qshape = float_shape(q)
     if qshape is None or len(qshape) != 4 or qshape[0] != B or qshape[3] != cache.head_dim or \
             qshape[1] % H:
@@ -1480,25 +1939,26 @@ def kv_attend(dec, rng, T, cache, K, V, lengths, lengths_ok, step):
         assert lse.dtype == np.float32 and lse.shape == (B, Hq, nq), f"KVCache.attend: lse {lse.shape}"
     for b in range(B):
         Lb = int(lengths[b])
-        kb, vb = K[b:b + 1, :, :Lb], V[b:b + 1, :, :Lb]
+        kb, vb = rec.rows(b, Lb)
         row = kv_row(opts, b, B)
         if w is not None:
             assert not w[b, ..., Lb:].any(), f"KVCache.attend: weights of sequence {b} past its length"
         if qa.size + kb.size + vb.size > 6000 or not finite_small(qa[b], kb, vb) or not modest(row):
             continue
-        STATS["KVCache.attend compared with reference"] += 1
-        T("  KVCache.attend compared with reference")
+        STATS[f"{rec.KIND}.attend compared with reference"] += 1
+        T(f"  {rec.KIND}.attend compared with reference")
         ref = attnx.reference(qa[b:b + 1], kb, vb, is_causal="lower_right", enable_gqa=True,
                               need_weights=need_w, **row)
         if need_w:
-            close(out[b:b + 1], ref[0], f"KVCache.attend: sequence {b}'s output", None, None)
-            close(w[b:b + 1, ..., :Lb], ref[1], f"KVCache.attend: sequence {b}'s weights", None, None)
+            close(out[b:b + 1], ref[0], f"{rec.KIND}.attend: sequence {b}'s output", None, None)
+            close(w[b:b + 1, ..., :Lb], ref[1], f"{rec.KIND}.attend: sequence {b}'s weights",
+                  None, None)
         else:
-            close(out[b:b + 1], ref, f"KVCache.attend: sequence {b}'s output", None, None)
+            close(out[b:b + 1], ref, f"{rec.KIND}.attend: sequence {b}'s output", None, None)
         if lse is not None:
             _, l_b = attnx.scaled_dot_product_attention(qa[b:b + 1], kb, vb, is_causal="lower_right",
                                                         enable_gqa=True, return_lse=True, **row)
-            close(lse[b:b + 1], l_b, f"KVCache.attend: sequence {b}'s lse", 1e-5, 1e-5)
+            close(lse[b:b + 1], l_b, f"{rec.KIND}.attend: sequence {b}'s lse", 1e-5, 1e-5)
 
 
 # ------------------------------------------------------------------- drivers
@@ -1573,8 +2033,10 @@ def main(argv):
     with atheris.instrument_imports(include=["attnx"]):
         import attnx  # noqa: F401  (instrumented for coverage of the Python side)
     for f in (mode_backward, spoil, spoil_values, reshaped, problem, merge_chunks, merge_arbitrary,
-              container, mode_varlen, spoil_cu, per_seq_value, mode_kvcache, kv_append, kv_attend,
-              kv_lengths, kv_options, kv_tokens, base.arrange, base.typed):
+              container, mode_varlen, varlen_packed, spoil_cu, per_seq_value, varlen_int8_pages,
+              int8_page_options, int8_fault, int8_scales, int8_rotation_form, mode_kvcache,
+              kv_session, kv_append, kv_attend, kv_lengths, kv_options, kv_tokens, kv_int8_pages,
+              base.arrange, base.typed):
         atheris.instrument_func(f)
     atheris.Setup(argv, lambda data: run_one(data, tolerate_known=True))
     atheris.Fuzz()
