@@ -179,3 +179,60 @@ def test_paged_bits_do_not_depend_on_threads(rng, restore_threads):
     assert_same_bits(at_threads(lambda: attnx.varlen_attention(
         q, pages_k, pages_v, cu_q, cu_k, block_table=table, enable_gqa=True,
         is_causal="lower_right", return_lse=True)))
+
+
+def test_gradients_over_2_to_20_keys_within_torch_float32(restore_threads):
+    """The backward's sums over keys (dQ: a float32 sum of the tiles, added out
+    every chunk of keys) over 2**20 keys, random upstream gradients: dq within
+    torch float32 autograd's error against float64 autograd, at 1 and 2
+    threads; dk and dv (a sum over the 2 queries, each key's own: float32
+    rounding of its P and dS, not a long sum) within twice torch's."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    n, E = 2 ** 20, 16
+    q = rng.standard_normal((1, 1, 2, E)).astype(np.float32)
+    k = (0.5 * rng.standard_normal((1, 1, n, E))).astype(np.float32)
+    v = (np.abs(rng.standard_normal((1, 1, n, E))) + 1).astype(np.float32)
+    g = rng.standard_normal((1, 1, 2, E)).astype(np.float32)
+
+    def torch_grads(dtype):
+        ts = [torch.tensor(x.astype(dtype), requires_grad=True) for x in (q, k, v)]
+        torch.nn.functional.scaled_dot_product_attention(*ts).backward(
+            torch.tensor(g.astype(dtype)))
+        return [t.grad.numpy().astype(np.float64) for t in ts]
+
+    exact, bar = torch_grads(np.float64), torch_grads(np.float32)
+    for threads in (1, 2):
+        attnx.set_num_threads(threads)
+        _, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v)
+        got = vjp(g)
+        for name, a, t, e in zip(("query", "key", "value"), got[:3], bar, exact):
+            err, torch_err = np.abs(a - e).max(), np.abs(t - e).max()
+            assert err <= (1 if name == "query" else 2) * torch_err, (threads, name, err,
+                                                                      torch_err)
+
+
+def test_dq_over_2_to_24_keys_of_one_sign(restore_threads):
+    """dQ = scale · Σ_j dS_j k_j where every term has one sign: q = 0 (equal
+    weights 1/n), v_j = ±1 and k_j = ±u_j (u_j in [1, 2]) with the same sign,
+    dO = e_0, so dS_j k_j = u_j / n. One float32 sum over 2**24 keys' tiles came
+    out 11% high on one thread (torch float32: 2%); added out every chunk of
+    keys, within 1e-5 of float64 at 1 and 2 threads."""
+    rng = np.random.default_rng(3)
+    n, E = 2 ** 24, 2
+    sign = rng.choice([-1.0, 1.0], n)
+    q = np.zeros((1, 1, 1, E), np.float32)
+    k = np.zeros((1, 1, n, E), np.float32)
+    v = np.zeros((1, 1, n, E), np.float32)
+    k[0, 0, :, 0] = sign * rng.uniform(1, 2, n)
+    v[0, 0, :, 0] = sign
+    g = np.zeros((1, 1, 1, E), np.float32)
+    g[..., 0] = 1
+    dS = (sign - sign.mean()) / n                     # P = 1/n, dP = v·dO = sign, D = mean
+    exact = dS @ k[0, 0, :, 0].astype(np.float64) / np.sqrt(E)
+    for threads in (1, 2):
+        attnx.set_num_threads(threads)
+        _, vjp = attnx.scaled_dot_product_attention_vjp(q, k, v)
+        dq = vjp(g).query
+        assert abs(dq.ravel()[0] - exact) <= 1e-5 * abs(exact), (threads, dq.ravel(), exact)
+        assert dq.ravel()[1] == 0
