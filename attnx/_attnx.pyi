@@ -88,6 +88,9 @@ def available_isas() -> list[str]:
 def get_num_threads() -> int:
     """Threads used per call."""
 
+def last_threads() -> int:
+    """Private (tests): the threads this thread's last forward ran on."""
+
 def set_num_threads(n: int, /) -> None:
     """Threads used per call; ``n <= 0`` restores the default."""
 

@@ -328,6 +328,11 @@ const char *attnx_isa_name_at(int i); /* NULL outside [0, count) */
 int attnx_get_num_threads(void);
 void attnx_set_num_threads(int n); /* n <= 0: the default */
 
+/* The threads the calling thread's last forward ran on (its plan's count,
+ * 0 before any): the forward's bits do not depend on it, so tests read
+ * which count a call took here. */
+int attnx_last_threads(void);
+
 /* Registers the pool's fork() handlers; call once when the library loads, so
  * that a fork child knows it is one (idempotent, thread-safe). */
 void attnx_threads_init(void);

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import attnx
+from attnx import _attnx
 
 
 def _inputs(B=2, H=4, Lq=130, Lk=300, D=40, seed=0):
@@ -207,8 +208,9 @@ def test_child_after_fork(restore_threads, runner):
 
 
 def _decode_inputs(Lk=4096):
-    """One query against many keys: split across threads (split-K), so the
-    thread count shows in the last bits of the result."""
+    """One query against many keys: split across threads (split-K). The bits
+    do not depend on the thread count (issue 56): ``_attnx.last_threads()``
+    says which count a call took."""
     return _inputs(B=1, H=2, Lq=1, Lk=Lk, D=64, seed=3)
 
 
@@ -219,17 +221,22 @@ def test_a_context_sets_the_threads_of_its_calls(restore_threads):
     q, k, v = _decode_inputs()
     attnx.set_num_threads(1)
     one = attnx.scaled_dot_product_attention(q, k, v)
+    assert _attnx.last_threads() == 1
     attnx.set_num_threads(2)
     two = attnx.scaled_dot_product_attention(q, k, v)
-    assert not np.array_equal(one, two), "the test needs a problem whose bits depend on threads"
+    assert _attnx.last_threads() == 2
+    np.testing.assert_array_equal(one, two)          # the same bits at every count
     token = CALL_THREADS.set(1)
     try:
         np.testing.assert_array_equal(attnx.scaled_dot_product_attention(q, k, v), one)
+        assert _attnx.last_threads() == 1
         np.testing.assert_array_equal(attnx.scaled_dot_product_attention(q, k, v, is_causal=False,
                                                                          return_lse=True)[0], one)
+        assert _attnx.last_threads() == 1
     finally:
         CALL_THREADS.reset(token)
     np.testing.assert_array_equal(attnx.scaled_dot_product_attention(q, k, v), two)
+    assert _attnx.last_threads() == 2
 
 
 def test_torch_runs_small_calls_on_one_thread(restore_threads, on_pool):
@@ -241,37 +248,37 @@ def test_torch_runs_small_calls_on_one_thread(restore_threads, on_pool):
     import attnx.torch as at
     q, k, v = _decode_inputs()
     assert 4.0 * q.size * k.shape[2] < at.SMALL_FLOPS
-    attnx.set_num_threads(1)
-    one = attnx.scaled_dot_product_attention(q, k, v)
     attnx.set_num_threads(2)
-    two = attnx.scaled_dot_product_attention(q, k, v)
-    assert not np.array_equal(one, two)
+    one = attnx.scaled_dot_product_attention(q, k, v)
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
         np.testing.assert_array_equal(at.scaled_dot_product_attention(tq, tk, tv).numpy(), one)
+        assert _attnx.last_threads() == 1
         tq.requires_grad_(True)
         np.testing.assert_array_equal(at.scaled_dot_product_attention(tq, tk, tv).detach().numpy(), one)
+        assert _attnx.last_threads() == 1
         big = _decode_inputs(Lk=4 * 8192)             # 4·2·64·32768 = 16.8 MFLOP
         assert 4.0 * big[0].size * big[1].shape[2] > at.SMALL_FLOPS
         tb = [torch.from_numpy(x) for x in big]
         np.testing.assert_array_equal(at.scaled_dot_product_attention(*tb).numpy(),
                                       attnx.scaled_dot_product_attention(*big))
+        assert _attnx.last_threads() == 2
         # decoding above SMALL_FLOPS that reads less than SMALL_DECODE_BYTES (GQA, 4 query
         # heads a key/value head): memory-bound, one thread too
         rng = np.random.default_rng(4)
         gq = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
         gk, gv = (rng.standard_normal((1, 2, 6000, 64), dtype=np.float32) for _ in range(2))
         assert 4.0 * gq.size * 6000 > at.SMALL_FLOPS and gk.nbytes + gv.nbytes < at.SMALL_DECODE_BYTES
-        attnx.set_num_threads(1)
-        g_one = attnx.scaled_dot_product_attention(gq, gk, gv, enable_gqa=True)
-        attnx.set_num_threads(2)
-        assert not np.array_equal(g_one, attnx.scaled_dot_product_attention(gq, gk, gv, enable_gqa=True))
+        g_two = attnx.scaled_dot_product_attention(gq, gk, gv, enable_gqa=True)
+        assert _attnx.last_threads() == 2
         got = at.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (gq, gk, gv)), enable_gqa=True)
-        np.testing.assert_array_equal(got.numpy(), g_one)
+        np.testing.assert_array_equal(got.numpy(), g_two)
+        assert _attnx.last_threads() == 1
         torch.set_num_threads(1)                      # torch on one thread: attnx's own count
-        np.testing.assert_array_equal(at.scaled_dot_product_attention(tq.detach(), tk, tv).numpy(), two)
+        np.testing.assert_array_equal(at.scaled_dot_product_attention(tq.detach(), tk, tv).numpy(), one)
+        assert _attnx.last_threads() == 2
     finally:
         torch.set_num_threads(saved)
 
@@ -346,15 +353,14 @@ def test_torch_team_takes_every_call(restore_threads, on_team):
     try:
         torch.set_num_threads(2)
         q, k, v = _decode_inputs()
-        attnx.set_num_threads(1)
-        one = attnx.scaled_dot_product_attention(q, k, v)
         attnx.set_num_threads(2)
         two = attnx.scaled_dot_product_attention(q, k, v)
-        assert not np.array_equal(one, two)
         tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
         np.testing.assert_array_equal(at.scaled_dot_product_attention(tq, tk, tv).numpy(), two)
+        assert _attnx.last_threads() == 2
         tq.requires_grad_(True)
         np.testing.assert_array_equal(at.scaled_dot_product_attention(tq, tk, tv).detach().numpy(), two)
+        assert _attnx.last_threads() == 2
         bq, bk, bv = _small_backward_inputs()
         attnx.set_num_threads(1)
         g_one = _grads(bq, bk, bv).query

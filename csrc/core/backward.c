@@ -263,6 +263,16 @@ static void bwd_start_block(const bwd_job *bj, const bwd_scratch *s, tile_split 
     memset(s->dqacc, 0, sizeof(float) * (size_t)nq * (size_t)bj->plan.ldqa);
 }
 
+/* dq (nq, D) rows dq_sl apart += scale · the block's dQ sum, which starts again at 0. */
+static void add_dq(const bwd_job *bj, const bwd_scratch *s, int nq, float *dq, int64_t dq_sl)
+{
+    const attnx_problem *p = bj->run.p;
+    for (int i = 0; i < nq; i++)
+        for (int64_t e = 0; e < p->D; e++)
+            dq[i * dq_sl + e] += p->scale * s->dqacc[i * bj->plan.ldqa + e];
+    memset(s->dqacc, 0, sizeof(float) * (size_t)nq * (size_t)bj->plan.ldqa);
+}
+
 /* Queries i0 .. i0+rows-1 of head (b, h) against keys [kbeg, kstop): their
  * contribution to dK and dV (added into *to's rows, one sum over the block's
  * queries a row: kt->ptx; span [lo, hi) widened to the keys whose rows it
@@ -286,13 +296,20 @@ static void bwd_block(const bwd_job *bj, const bwd_scratch *s, const tile_split 
     span[1] = max64(span[1], kend);
     tile_split sp = *slice_split;
     bwd_start_block(bj, s, &sp, b, h, i0, nq);
+    /* long sums (core.h): the tiles' float32 sum of dQ added out into dq
+     * every SUM_KEYS keys (at fixed key boundaries), so that it spans no
+     * more than a chunk of keys */
+    int64_t flush_at = (kfrom / SUM_KEYS + 1) * SUM_KEYS;
     int nk; /* tiles of keys the mask keeps: where it empties them, P = dS = 0 */
     for (int64_t j0 = kfrom; (j0 = attnx_next_tile(&bj->run, b, h, i0, nq, j0, kend, &nk)) < kend;
-         j0 += nk)
+         j0 += nk) {
+        if (j0 >= flush_at) {
+            add_dq(bj, s, nq, dq, dq_sl);
+            flush_at = (j0 / SUM_KEYS + 1) * SUM_KEYS;
+        }
         bwd_tile(bj, s, &sp, dm, to, b, h, i0, nq, j0, nk);
-    for (int i = 0; i < nq; i++)
-        for (int64_t e = 0; e < p->D; e++)
-            dq[i * dq_sl + e] += p->scale * s->dqacc[i * bj->plan.ldqa + e];
+    }
+    add_dq(bj, s, nq, dq, dq_sl);
 }
 
 /* ---- the mask's gradient ------------------------------------------------------ */

@@ -253,15 +253,38 @@ const float *attnx_kv_rows(const attnx_run *r, int values, int64_t b, int64_t hk
 float attnx_kv_at(const attnx_problem *p, int values, int64_t b, int64_t hk, int64_t j, int64_t d);
 
 /* ---- plans (plan.c) -------------------------------------------------------- */
+
+/* Long sums. A forward over more than SUM_KEYS keys sums each row's softmax
+ * in chunks: keys [c·SUM_KEYS, (c+1)·SUM_KEYS), whatever the item's range,
+ * each chunk's float32 state (max, sum, output row) folded into a double
+ * state as it ends, so that no float32 running sum spans more than SUM_KEYS
+ * keys (2^25 keys summed in one float32 sum stop growing at 2^24). The
+ * chunks are grouped into at most SUM_RANGES ranges of whole chunks (cut by
+ * the keys alone, or by a mask's kept work: never by the threads); a range's
+ * chunks fold into the range's state, and the ranges' states into the row's,
+ * in key order. Split-K computes the ranges on different threads and folds
+ * their states in the same order (output.c): the bits are the same at every
+ * thread count. */
+#define SUM_KEYS 1024
+#define SUM_RANGES 64
+/* Split-K's partial states take at most this many bytes (else one item a block) */
+#define SUM_PARTIAL_BYTES ((size_t)256 << 20)
+
 typedef struct {
     int threads;
     int64_t nqb;     /* query blocks per head */
-    int64_t nsplit;  /* key ranges per query block (split-K, for decoding) */
-    int64_t kchunk;  /* keys per range, a multiple of BK */
+    int64_t nsplit;  /* key ranges per query block computed apart (split-K, for decoding) */
+    int64_t kchunk;  /* keys per range, a multiple of BK (of SUM_KEYS with sums) */
     int64_t n_items; /* B * Hq * nqb * nsplit */
     int64_t ldacc;   /* accumulator rows: Dv rounded up to a whole vector */
     size_t scratch;  /* floats per thread (attnx_fwd_scratch_at) */
-    size_t partial;  /* floats of the split-K partials, 0 when nsplit is 1 */
+    /* long sums (Lk > SUM_KEYS): nranges ranges of kchunk keys (or kbounds),
+     * each row's state in double (sum_rows: its rows); else 0 and float32
+     * throughout, one range */
+    int sums;
+    int64_t nranges;
+    int64_t sum_rows; /* min(BQ, Lq): the rows of a block's states */
+    size_t partial;   /* doubles of the split-K partials (sum states), 0 when nsplit is 1 */
     /* with split_dp (or round_dk): the parts of split_heads key/value heads
      * (b·Hk + hk) are kept at once, head bh's in slot bh % split_heads, at
      * most ATTNX_SPLIT_SLOTS and ATTNX_SPLIT_BYTES (or one head's); with
@@ -345,6 +368,7 @@ typedef struct {
     float *acct;          /* (ldacc, BQ) the accumulator transposed, for pv_bf16, or NULL */
     float *pv_work;       /* pv_bf16's working memory, or NULL */
     uint32_t *qparts;     /* the queries' parts for qk_split (kt->split_pairs), or NULL */
+    double *sums;         /* with long sums: two states (attnx_sum_state), else NULL */
 } fwd_scratch;
 
 /* A backward block's working set, per thread:
@@ -441,7 +465,8 @@ float attnx_score_one(const attnx_run *r, int64_t b, int64_t h, int64_t i, int64
 typedef struct {
     attnx_run run;
     fwd_plan plan;
-    float *partial;   /* nsplit > 1: per item, m (BQ) | l (BQ) | acc (BQ, ldacc) */
+    double *partial;  /* nsplit > 1: per item, its range's state (attnx_sum_state) */
+    double *sums;     /* with long sums: each thread's two states */
     fwd_scratch *scr; /* one per thread */
     /* with split_dp, in slot x = parts_slot(b, hk): head (b, hk)'s key
      * parts (3, kp_rows, split_dp) at kparts + x·3·kp_rows·split_dp, and
@@ -483,10 +508,33 @@ typedef struct {
 item_view attnx_view_item(const fwd_job *jb, int64_t block);
 void attnx_clear_unvisited(const fwd_job *jb, const item_view *it);
 
+/* A block's softmax state in double (long sums), rows r of sum_rows:
+ *   m (rows) | l (rows) | acc (rows, ldacc)
+ * at `at`; m = -inf, l = 0, acc = 0 when nothing was folded in. */
+typedef struct {
+    double *m, *l, *acc;
+} sum_state;
+
+sum_state attnx_sum_state(const fwd_job *jb, double *at);
+size_t attnx_sum_state_size(const fwd_plan *plan);
+void attnx_sum_clear(const fwd_job *jb, sum_state t, int nq);
+/* Fold nq rows of a float32 state (m, l, acc rows ldacc apart) into t. */
+void attnx_sum_fold_f32(const fwd_job *jb, sum_state t, const float *m, const float *l,
+                        const float *acc, int nq);
+/* Fold nq rows of state x into t. */
+void attnx_sum_fold(const fwd_job *jb, sum_state t, sum_state x, int nq);
+/* Output rows (and lse) i0 .. i0+nq-1 of head (b, h) from state t, the sink
+ * folded in first. */
+void attnx_sum_write_rows(const fwd_job *jb, sum_state t, int64_t b, int64_t h, int64_t i0, int nq);
+
+/* Range g's keys within [kbeg, kstop): [*from, *to), empty when *from >= *to. */
+void attnx_range_keys(const fwd_job *jb, int64_t g, int64_t kbeg, int64_t kstop, int64_t *from,
+                      int64_t *to);
+
 /* The online softmax over keys [kbeg, kstop): the output rows, or with part
- * set (split-K) the partial m | l | acc that attnx_merge_partials combines. */
+ * set (split-K, long sums) the range's state that attnx_merge_partials folds. */
 void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
-                       int64_t kstop, float *part);
+                       int64_t kstop, double *part);
 
 /* need_weights: the exact probabilities into it->w, and the output rows. */
 void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it);
@@ -506,6 +554,9 @@ void attnx_write_lse(const attnx_problem *p, int64_t b, int64_t h, int64_t i, fl
 void attnx_merge_partials(const fwd_job *jb);
 
 /* ---- threads (threads.c) ---------------------------------------------------- */
+
+/* Record the threads of this thread's call (attnx_last_threads). */
+void attnx_note_threads(int n);
 
 /* Run fn(arg, tid) for tid = 0 .. n-1 concurrently and wait. */
 void attnx_parallel(int n, void (*fn)(void *arg, int tid), void *arg);

@@ -32,16 +32,15 @@ static void run_item(void *arg, int tid, int64_t item)
             attnx_online_item(jb, s, &it, it.kbeg, it.kend, NULL);
         return;
     }
-    /* split-K: this item's range of keys, and where its partial result goes */
-    const int64_t *kb = jb->kbounds; /* a mask's ranges of equal kept work, or even ones */
-    const int64_t kbeg = max64(it.kbeg, kb ? kb[split] : split * jb->plan.kchunk);
-    const int64_t kstop = min64(it.kend, kb ? kb[split + 1] : (split + 1) * jb->plan.kchunk);
-    float *part = jb->partial + item * (2 * BQ + BQ * jb->plan.ldacc);
-    for (int i = 0; i < BQ; i++) {
-        part[i] = -INFINITY;
-        part[BQ + i] = 0.0f;
-    }
-    if (it.nq > 0 && kbeg < kstop) attnx_online_item(jb, s, &it, kbeg, kstop, part);
+    /* split-K: this item's range of keys, and where its state goes (emptied
+     * when the item's rows attend to none of the range's keys) */
+    int64_t kbeg, kstop;
+    attnx_range_keys(jb, split, it.kbeg, it.kend, &kbeg, &kstop);
+    double *part = jb->partial + item * (int64_t)attnx_sum_state_size(&jb->plan);
+    if (it.nq > 0 && kbeg < kstop)
+        attnx_online_item(jb, s, &it, kbeg, kstop, part);
+    else
+        attnx_sum_clear(jb, attnx_sum_state(jb, part), it.rows);
 }
 
 static void free_scratch(fwd_job *jb, int taken)
@@ -49,6 +48,7 @@ static void free_scratch(fwd_job *jb, int taken)
     for (int t = 0; t < taken; t++) attnx_scratch_give_back(t, jb->scr[t].qt);
     free(jb->scr);
     free(jb->partial);
+    free(jb->sums);
     free(jb->kspecial); /* and vspecial; the parts are the caller's */
 }
 
@@ -56,8 +56,13 @@ static void free_scratch(fwd_job *jb, int taken)
 static attnx_status alloc_scratch(fwd_job *jb)
 {
     const int nt = jb->plan.threads;
-    if (jb->plan.partial && !(jb->partial = attnx_alloc_floats(jb->plan.partial)))
+    const size_t state = attnx_sum_state_size(&jb->plan);
+    if (jb->plan.partial && !(jb->partial = malloc(sizeof(double) * jb->plan.partial)))
         return ATTNX_ERR_NOMEM;
+    if (jb->plan.sums && !(jb->sums = malloc(sizeof(double) * 2 * state * (size_t)nt))) {
+        free(jb->partial);
+        return ATTNX_ERR_NOMEM;
+    }
     if (jb->plan.kparts) { /* the key parts, then the value parts: the caller's buffer */
         const size_t values = (jb->plan.kparts + jb->plan.vparts + 1) / 2;
         float *parts = attnx_caller_buffer(ATTNX_CALLER_PARTS, values);
@@ -84,6 +89,7 @@ static attnx_status alloc_scratch(fwd_job *jb)
         }
         jb->scr[t] = attnx_fwd_scratch_at(base, jb->run.p, jb->plan.ldacc, jb->run.split_dp,
                                           jb->run.split_pv || jb->run.round_dk);
+        jb->scr[t].sums = jb->sums ? jb->sums + (size_t)t * 2 * state : NULL;
     }
     return ATTNX_OK;
 }
@@ -296,9 +302,12 @@ attnx_status attnx_forward(const attnx_problem *p)
         atomic_init(&jb.done[x], 0);
     }
     if ((st = attnx_plan_forward(&jb.run, &jb.plan)) != ATTNX_OK) return st;
+    attnx_note_threads(jb.plan.threads);
     uint8_t *map = NULL;
     if ((st = attnx_run_map(&jb.run, jb.plan.threads, &map)) != ATTNX_OK) return st;
-    jb.kbounds = attnx_balanced_ranges(&jb.run, jb.plan.nsplit, jb.plan.kchunk);
+    /* the ranges of long sums, cut by a mask's kept work or evenly: not by
+     * the threads (core.h) */
+    jb.kbounds = attnx_balanced_ranges(&jb.run, jb.plan.nranges, jb.plan.kchunk);
     if ((st = alloc_scratch(&jb)) != ATTNX_OK) {
         free(jb.kbounds);
         free(map);

@@ -162,6 +162,21 @@ typedef struct {
     int tiles;
 } item_path;
 
+/* The item's float32 state emptied: max -inf, sum 0, accumulator 0 (and acct
+ * when the tiles sum into it). */
+static void clear_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
+                       const item_path *path)
+{
+    for (int i = 0; i < BQ; i++) {
+        s->m[i] = -INFINITY;
+        s->l[i] = 0.0f;
+    }
+    /* acc too when the tiles sum into acct: the weights' pass 1 folds the
+     * sinks into it before pass 2 recomputes it */
+    memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->plan.ldacc);
+    if (path->tiles) memset(s->acct, 0, sizeof(float) * (size_t)jb->run.p->Dv * BQ);
+}
+
 static item_path start_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
     item_path path;
@@ -174,14 +189,7 @@ static item_path start_rows(const fwd_job *jb, const fwd_scratch *s, const item_
              !jb->vspecial[parts_slot(jb, it->b, it->hk)])
         path.values = VALUES_SPLIT_TILES;
     path.tiles = path.values != VALUES_ROWS;
-    for (int i = 0; i < BQ; i++) {
-        s->m[i] = -INFINITY;
-        s->l[i] = 0.0f;
-    }
-    /* acc too when the tiles sum into acct: the weights' pass 1 folds the
-     * sinks into it before pass 2 recomputes it */
-    memset(s->acc, 0, sizeof(float) * (size_t)it->nq * (size_t)jb->plan.ldacc);
-    if (path.tiles) memset(s->acct, 0, sizeof(float) * (size_t)jb->run.p->Dv * BQ);
+    clear_rows(jb, s, it, &path);
     return path;
 }
 
@@ -340,41 +348,115 @@ static void softmax_tile(const fwd_job *jb, const fwd_scratch *s, const item_vie
         jb->run.kt->softmax_online(s->st, BQ, it->nq, nk, s->m, s->l, s->alpha);
 }
 
-void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
-                       int64_t kstop, float *part)
+/* The end of key j's chunk of long sums (core.h), or kstop if sooner. */
+static int64_t chunk_end(const fwd_job *jb, int64_t j, int64_t kstop)
 {
-    const int nq = it->nq;
-    const item_path path = start_rows(jb, s, it);
+    return jb->plan.sums ? min64(kstop, (j / SUM_KEYS + 1) * SUM_KEYS) : kstop;
+}
+
+/* The online softmax over keys [kbeg, kstop) into the float32 state of s
+ * (emptied first unless fresh: start_rows has just emptied it). */
+static void online_keys(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
+                        const item_path *path, int64_t kbeg, int64_t kstop, int fresh)
+{
+    if (!fresh) clear_rows(jb, s, it, path);
     /* tiles of keys the mask keeps: what it empties adds nothing to the rows */
     int nk;
     for (int64_t j0 = kbeg;
-         (j0 = attnx_next_tile(&jb->run, it->b, it->h, it->i0, nq, j0, kstop, &nk)) < kstop;
+         (j0 = attnx_next_tile(&jb->run, it->b, it->h, it->i0, it->nq, j0, kstop, &nk)) < kstop;
          j0 += nk) {
-        scores(jb, s, it, j0, nk, path.queries);
+        scores(jb, s, it, j0, nk, path->queries);
         softmax_tile(jb, s, it, nk);
-        add_values(jb, s, it, j0, nk, s->alpha, &path);
+        add_values(jb, s, it, j0, nk, s->alpha, path);
     }
-    finish_values(jb, s, it, &path);
-    if (!part) {
+    finish_values(jb, s, it, path);
+}
+
+/* Long sums: keys [kbeg, kstop) of one range, chunk by chunk, each chunk's
+ * float32 state folded into r (emptied first). */
+static void range_state(const fwd_job *jb, const fwd_scratch *s, const item_view *it,
+                        const item_path *path, int64_t kbeg, int64_t kstop, sum_state r)
+{
+    attnx_sum_clear(jb, r, it->nq);
+    for (int64_t c0 = kbeg, c1; c0 < kstop; c0 = c1) {
+        c1 = chunk_end(jb, c0, kstop);
+        online_keys(jb, s, it, path, c0, c1, 0);
+        attnx_sum_fold_f32(jb, r, s->m, s->l, s->acc, it->nq);
+    }
+}
+
+/* Range g's keys: [kbounds[g], kbounds[g + 1]) or g·kchunk on, within [kbeg, kstop). */
+void attnx_range_keys(const fwd_job *jb, int64_t g, int64_t kbeg, int64_t kstop, int64_t *from,
+                      int64_t *to)
+{
+    const int64_t *kb = jb->kbounds;
+    *from = max64(kbeg, kb ? kb[g] : g * jb->plan.kchunk);
+    *to = min64(kstop, kb ? kb[g + 1] : (g + 1) * jb->plan.kchunk);
+}
+
+void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it, int64_t kbeg,
+                       int64_t kstop, double *part)
+{
+    const item_path path = start_rows(jb, s, it);
+    if (part) { /* split-K: one range's state */
+        range_state(jb, s, it, &path, kbeg, kstop, attnx_sum_state(jb, part));
+        return;
+    }
+    if (!jb->plan.sums) { /* one float32 sum */
+        online_keys(jb, s, it, &path, kbeg, kstop, 1);
         attnx_fold_sinks(jb, s, it);
         attnx_write_rows(jb, s, it, 1);
         return;
     }
-    memcpy(part, s->m, sizeof(float) * (size_t)nq);
-    memcpy(part + BQ, s->l, sizeof(float) * (size_t)nq);
-    memcpy(part + 2 * BQ, s->acc, sizeof(float) * (size_t)nq * (size_t)jb->plan.ldacc);
+    /* every range in turn, folded into the first in key order, as
+     * attnx_merge_partials folds split-K's (the same bits) */
+    const sum_state t = attnx_sum_state(jb, s->sums);
+    const sum_state r = attnx_sum_state(jb, s->sums + attnx_sum_state_size(&jb->plan));
+    for (int64_t g = 0; g < jb->plan.nranges; g++) {
+        int64_t from, to;
+        attnx_range_keys(jb, g, kbeg, kstop, &from, &to);
+        if (g == 0)
+            range_state(jb, s, it, &path, from, to, t);
+        else if (from < to) {
+            range_state(jb, s, it, &path, from, to, r);
+            attnx_sum_fold(jb, t, r, it->nq);
+        }
+    }
+    attnx_sum_write_rows(jb, t, it->b, it->h, it->i0, it->nq);
 }
 
 /* need_weights, pass 1: each row's max and sum; s->alpha becomes 1 / sum.
- * Returns start_rows' answer, for pass 2. */
+ * With long sums, each chunk's max and sum folded into a double state's
+ * (its accumulator unused). Returns start_rows' answer, for pass 2. */
 static item_path weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
     const item_path path = start_rows(jb, s, it);
-    for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
-        const int nk = (int)min64(BK, it->kend - j0);
-        scores(jb, s, it, j0, nk, path.queries);
-        softmax_tile(jb, s, it, nk);
+    const sum_state t = attnx_sum_state(jb, s->sums);
+    if (jb->plan.sums) attnx_sum_clear(jb, t, it->nq);
+    for (int64_t c0 = it->kbeg, c1; c0 < it->kend; c0 = c1) {
+        c1 = chunk_end(jb, c0, it->kend);
+        for (int i = 0; i < BQ; i++) {
+            s->m[i] = -INFINITY;
+            s->l[i] = 0.0f;
+        }
+        for (int64_t j0 = c0; j0 < c1; j0 += BK) {
+            const int nk = (int)min64(BK, c1 - j0);
+            scores(jb, s, it, j0, nk, path.queries);
+            softmax_tile(jb, s, it, nk);
+        }
+        if (!jb->plan.sums) break; /* one chunk */
+        for (int i = 0; i < it->nq; i++) {
+            const double m = s->m[i], l = s->l[i], M = t.m[i], mx = m > M ? m : M;
+            if (l == 0.0) continue;
+            t.l[i] = t.l[i] * exp(M - mx) + l * exp(m - mx);
+            t.m[i] = mx;
+        }
     }
+    if (jb->plan.sums)
+        for (int i = 0; i < it->nq; i++) { /* the max is a score: exact in float32 */
+            s->m[i] = (float)t.m[i];
+            s->l[i] = (float)t.l[i];
+        }
     attnx_fold_sinks(jb, s, it);
     for (int i = 0; i < BQ; i++) /* a NaN sum gives a NaN inverse: it propagates */
         s->alpha[i] = (i < it->nq && s->l[i] != 0.0f) ? 1.0f / s->l[i] : 0.0f;
@@ -382,28 +464,45 @@ static item_path weights_stats(const fwd_job *jb, const fwd_scratch *s, const it
 }
 
 /* need_weights, pass 2: the exact probabilities, written out and summed
- * into the output rows. */
+ * into the output rows (with long sums, a chunk's sum added to a double
+ * row, then the rows rounded back into s->acc). */
 void attnx_weights_item(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
     const attnx_problem *p = jb->run.p;
     const attnx_kernels *kt = jb->run.kt;
     const int nq = it->nq;
+    const int64_t ldacc = jb->plan.ldacc;
     const item_path path = weights_stats(jb, s, it);
-    for (int64_t j0 = it->kbeg; j0 < it->kend; j0 += BK) {
-        const int nk = (int)min64(BK, it->kend - j0);
-        scores(jb, s, it, j0, nk, path.queries);
-        if (rows_layout(jb, nq)) {
-            kt->softmax_rows_final(s->st, BK, nq, nk, s->m, s->alpha);
-            for (int i = 0; i < nq; i++)
-                memcpy(it->w + i * p->Lk + j0, s->st + i * BK, sizeof(float) * (size_t)nk);
-        } else {
-            kt->softmax_final(s->st, BQ, nq, nk, s->m, s->alpha);
-            for (int i = 0; i < nq; i++) /* transpose: contiguous stores, reads in L1 */
-                for (int j = 0; j < nk; j++) it->w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
+    double *sum = s->sums; /* (nq, ldacc) with long sums */
+    if (jb->plan.sums) memset(sum, 0, sizeof(double) * (size_t)nq * (size_t)ldacc);
+    for (int64_t c0 = it->kbeg, c1; c0 < it->kend; c0 = c1) {
+        c1 = chunk_end(jb, c0, it->kend);
+        if (c0 > it->kbeg) { /* long sums: the accumulator starts again */
+            memset(s->acc, 0, sizeof(float) * (size_t)nq * (size_t)ldacc);
+            if (path.tiles) memset(s->acct, 0, sizeof(float) * (size_t)p->Dv * BQ);
         }
-        add_values(jb, s, it, j0, nk, NULL, &path);
+        for (int64_t j0 = c0; j0 < c1; j0 += BK) {
+            const int nk = (int)min64(BK, c1 - j0);
+            scores(jb, s, it, j0, nk, path.queries);
+            if (rows_layout(jb, nq)) {
+                kt->softmax_rows_final(s->st, BK, nq, nk, s->m, s->alpha);
+                for (int i = 0; i < nq; i++)
+                    memcpy(it->w + i * p->Lk + j0, s->st + i * BK, sizeof(float) * (size_t)nk);
+            } else {
+                kt->softmax_final(s->st, BQ, nq, nk, s->m, s->alpha);
+                for (int i = 0; i < nq; i++) /* transpose: contiguous stores, reads in L1 */
+                    for (int j = 0; j < nk; j++) it->w[i * p->Lk + j0 + j] = s->st[j * BQ + i];
+            }
+            add_values(jb, s, it, j0, nk, NULL, &path);
+        }
+        finish_values(jb, s, it, &path);
+        if (jb->plan.sums)
+            for (int i = 0; i < nq; i++)
+                for (int64_t d = 0; d < p->Dv; d++) sum[i * ldacc + d] += s->acc[i * ldacc + d];
     }
-    finish_values(jb, s, it, &path);
+    if (jb->plan.sums)
+        for (int i = 0; i < nq; i++)
+            for (int64_t d = 0; d < p->Dv; d++) s->acc[i * ldacc + d] = (float)sum[i * ldacc + d];
     attnx_write_rows(jb, s, it, 0);
     for (int i = 0; i < nq; i++)
         if (s->l[i] != s->l[i]) /* a NaN row is NaN throughout, skipped keys too */

@@ -111,49 +111,97 @@ void attnx_write_rows(const fwd_job *jb, const fwd_scratch *s, const item_view *
         repair_row(&jb->run, it->b, it->h, it->i0 + i, s->m[i], s->l[i], it->out + i * p->out.sl);
 }
 
-/* Row i of a block from its nsplit partials (first: the block's first
- * partial, stride floats apart):
- *   M = max_s m_s,  f_s = exp(m_s - M'),  out = sum_s f_s acc_s / sum_s f_s l_s
- * (M' = 0 when M = -inf, as in the kernels: nothing allowed gives zeros). */
-static void merge_row(const fwd_job *jb, const float *first, int64_t stride, int64_t b, int64_t h,
-                      int64_t i0, int i)
+/* ---- long sums (core.h): states in double ---------------------------------- */
+
+size_t attnx_sum_state_size(const fwd_plan *plan)
+{
+    return (size_t)plan->sum_rows * (2 + (size_t)plan->ldacc);
+}
+
+sum_state attnx_sum_state(const fwd_job *jb, double *at)
+{
+    const int64_t rows = jb->plan.sum_rows;
+    const sum_state t = {at, at + rows, at + 2 * rows};
+    return t;
+}
+
+void attnx_sum_clear(const fwd_job *jb, sum_state t, int nq)
+{
+    for (int i = 0; i < nq; i++) {
+        t.m[i] = -INFINITY;
+        t.l[i] = 0.0;
+    }
+    memset(t.acc, 0, sizeof(double) * (size_t)nq * (size_t)jb->plan.ldacc);
+}
+
+/* Row i of t gains a state of max m, sum l and row acc (n values), in the
+ * kernels' arithmetic carried in double: m' = max(M, m),
+ *   L = L·exp(M - m') + l·exp(m - m'),  ACC = ACC·exp(M - m') + acc·exp(m - m').
+ * A state with nothing allowed (l = 0) changes nothing; a NaN one makes the
+ * row NaN. FOLD_ROW is written once for float and double states. */
+#define FOLD_ROW(T, i, m_, l_, acc_, n)                                            \
+    do {                                                                           \
+        const double fm_ = (m_), fl_ = (l_), fM_ = (T).m[i];                       \
+        if (fl_ == 0.0) break;                                                     \
+        const double mx_ = fm_ > fM_ ? fm_ : fM_;                                  \
+        const double a_ = exp(fM_ - mx_), f_ = exp(fm_ - mx_);                     \
+        double *o_ = (T).acc + (i) * ldacc;                                        \
+        const acc_type *x_ = (acc_);                                               \
+        (T).l[i] = (T).l[i] * a_ + fl_ * f_;                                       \
+        (T).m[i] = mx_;                                                            \
+        for (int64_t d = 0; d < (n); d++) o_[d] = o_[d] * a_ + (double)x_[d] * f_; \
+    } while (0)
+
+void attnx_sum_fold_f32(const fwd_job *jb, sum_state t, const float *m, const float *l,
+                        const float *acc, int nq)
+{
+    const int64_t ldacc = jb->plan.ldacc, n = jb->run.p->Dv;
+    typedef float acc_type;
+    for (int i = 0; i < nq; i++) FOLD_ROW(t, i, m[i], l[i], acc + i * ldacc, n);
+}
+
+void attnx_sum_fold(const fwd_job *jb, sum_state t, sum_state x, int nq)
+{
+    const int64_t ldacc = jb->plan.ldacc, n = jb->run.p->Dv;
+    typedef double acc_type;
+    for (int i = 0; i < nq; i++) FOLD_ROW(t, i, x.m[i], x.l[i], x.acc + i * ldacc, n);
+}
+
+void attnx_sum_write_rows(const fwd_job *jb, sum_state t, int64_t b, int64_t h, int64_t i0, int nq)
 {
     const attnx_problem *p = jb->run.p;
-    const int64_t nsplit = jb->plan.nsplit;
-    float M = -INFINITY;
-    for (int64_t sp = 0; sp < nsplit; sp++) {
-        const float m = first[sp * stride + i];
-        M = m > M ? m : M;
+    for (int i = 0; i < nq; i++) {
+        double M = t.m[i], L = t.l[i], *acc = t.acc + i * jb->plan.ldacc;
+        if (p->sinks.data && L != 0.0) { /* fold_sink, in double */
+            const double sink = sink_of(p, b, h), mn = sink > M ? sink : M, a = exp(M - mn);
+            L = L * a + exp(sink - mn);
+            M = mn;
+            for (int64_t d = 0; d < p->Dv; d++) acc[d] *= a;
+        }
+        const double inv = L == 0.0 ? 0.0 : 1.0 / L;
+        float *o = p->out.data + b * p->out.sb + h * p->out.sh + (i0 + i) * p->out.sl;
+        for (int64_t d = 0; d < p->Dv; d++) o[d] = (float)(acc[d] * inv);
+        const float lse = L == 0.0 ? -INFINITY : (float)((M == -INFINITY ? 0.0 : M) + log(L));
+        attnx_write_lse(p, b, h, i0 + i, lse);
+        repair_row(&jb->run, b, h, i0 + i, (float)M, (float)L, o);
     }
-    const float msub = M == -INFINITY ? 0.0f : M;
-    float l = 0.0f;
-    float *o = p->out.data + b * p->out.sb + h * p->out.sh + (i0 + i) * p->out.sl;
-    for (int64_t d = 0; d < p->Dv; d++) o[d] = 0.0f;
-    for (int64_t sp = 0; sp < nsplit; sp++) {
-        const float *part = first + sp * stride;
-        const float f = attnx_expf(part[i] - msub);
-        l += f * part[BQ + i];
-        const float *acc = part + 2 * BQ + i * jb->plan.ldacc;
-        if (part[BQ + i] != 0.0f || part[BQ + i] != part[BQ + i])
-            for (int64_t d = 0; d < p->Dv; d++) o[d] += f * acc[d];
-    }
-    if (p->sinks.data) fold_sink(sink_of(p, b, h), &M, &l, o, p->Dv);
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-    for (int64_t d = 0; d < p->Dv; d++) o[d] *= inv;
-    attnx_write_lse(p, b, h, i0 + i, row_lse(M, l));
-    repair_row(&jb->run, b, h, i0 + i, M, l, o);
 }
 
 void attnx_merge_partials(const fwd_job *jb)
 {
     const attnx_problem *p = jb->run.p;
-    const int64_t stride = 2 * BQ + BQ * jb->plan.ldacc;
-    for (int64_t block = 0; block < jb->plan.n_items / jb->plan.nsplit; block++) {
+    const int64_t nsplit = jb->plan.nsplit, stride = (int64_t)attnx_sum_state_size(&jb->plan);
+    for (int64_t block = 0; block < jb->plan.n_items / nsplit; block++) {
         const int64_t qb = block % jb->plan.nqb, bh = block / jb->plan.nqb;
         const int64_t h = bh % p->Hq, b = bh / p->Hq, i0 = qb * BQ;
         const head_bounds hb = bounds_of(p, b, h);
         const int nq = rows_attending(&hb, i0, (int)min64(BQ, p->Lq - i0));
-        const float *first = jb->partial + block * jb->plan.nsplit * stride;
-        for (int i = 0; i < nq; i++) merge_row(jb, first, stride, b, h, i0, i);
+        if (nq == 0) continue;
+        /* the ranges' states folded in key order into the first */
+        double *first = jb->partial + block * nsplit * stride;
+        const sum_state t = attnx_sum_state(jb, first);
+        for (int64_t sp = 1; sp < nsplit; sp++)
+            attnx_sum_fold(jb, t, attnx_sum_state(jb, first + sp * stride), nq);
+        attnx_sum_write_rows(jb, t, b, h, i0, nq);
     }
 }

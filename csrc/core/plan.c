@@ -95,20 +95,32 @@ static int threads_for_items(int nt, int64_t n_items)
     return nt < 1 ? 1 : nt;
 }
 
-/* Split-K for the forward: when too few query blocks keep every thread busy
- * (decoding: Lq of 1 to a few against long Lk; never for the weights), the
- * keys of a block are cut into ranges of whole tiles, ~4 items a thread and
- * at least 2 tiles a range. */
+/* The forward's key ranges (core.h, long sums): up to SUM_KEYS keys, one range
+ * summed in float32; beyond, at most SUM_RANGES ranges of whole chunks, cut
+ * by Lk alone. Split-K: when too few query blocks keep every thread busy
+ * (decoding: Lq of 1 to a few against long Lk; never for the weights), each
+ * range of a block is an item of its own, its state folded with the others'
+ * in key order after (the same bits as one item folding them in turn). */
 static void split_keys_forward(const attnx_problem *p, int nt, int64_t blocks, fwd_plan *plan)
 {
     plan->nsplit = 1;
     plan->kchunk = p->Lk;
-    if (nt <= 1 || p->weights || blocks >= 4 * (int64_t)nt || p->Lk < 4 * BK) return;
-    int64_t want = (4 * (int64_t)nt + blocks - 1) / blocks;
-    const int64_t tiles = (p->Lk + BK - 1) / BK;
-    if (want > tiles / 2) want = tiles / 2;
-    plan->kchunk = (tiles + want - 1) / want * BK;
-    plan->nsplit = (p->Lk + plan->kchunk - 1) / plan->kchunk;
+    plan->nranges = 1;
+    plan->sums = p->Lk > SUM_KEYS;
+    plan->sum_rows = min64(BQ, p->Lq);
+    plan->partial = 0;
+    if (!plan->sums) return;
+    const int64_t chunks = (p->Lk + SUM_KEYS - 1) / SUM_KEYS;
+    plan->kchunk = (chunks + SUM_RANGES - 1) / SUM_RANGES * SUM_KEYS;
+    plan->nranges = (p->Lk + plan->kchunk - 1) / plan->kchunk;
+    size_t bytes;
+    if (nt <= 1 || p->weights || blocks >= 4 * (int64_t)nt ||
+        !mul_ok((size_t)(blocks * plan->nranges), attnx_sum_state_size(plan), &plan->partial) ||
+        !mul_ok(plan->partial, sizeof(double), &bytes) || bytes > SUM_PARTIAL_BYTES) {
+        plan->partial = 0;
+        return;
+    }
+    plan->nsplit = plan->nranges;
 }
 
 attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan)
@@ -121,10 +133,6 @@ attnx_status attnx_plan_forward(const attnx_run *r, fwd_plan *plan)
     split_keys_forward(p, nt, blocks, plan);
     plan->n_items = blocks * plan->nsplit;
     plan->threads = threads_for_items(nt, plan->n_items);
-    plan->partial = 0;
-    if (plan->nsplit > 1 &&
-        !mul_ok((size_t)plan->n_items, 2 * BQ + BQ * (size_t)plan->ldacc, &plan->partial))
-        return ATTNX_ERR_OVERFLOW;
     plan->kp_rows = ATTNX_ROUND16(p->Lk) + 16;
     plan->ldv = (p->Lk + 63) / 64 * 64 + 64;
     plan->split_heads = plan->kparts = plan->vparts = 0;

@@ -374,6 +374,12 @@ static int default_threads(void)
     return n;
 }
 
+static _Thread_local int last_threads;
+
+int attnx_last_threads(void) { return last_threads; }
+
+void attnx_note_threads(int n) { last_threads = n; }
+
 int attnx_get_num_threads(void)
 {
     const int n = atomic_load(&requested);

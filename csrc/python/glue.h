@@ -90,6 +90,7 @@ PyObject *attnx_py_bf16_dots(PyObject *self, PyObject *noargs);
 PyObject *attnx_py_set_isa(PyObject *self, PyObject *arg);
 PyObject *attnx_py_available_isas(PyObject *self, PyObject *noargs);
 PyObject *attnx_py_get_num_threads(PyObject *self, PyObject *noargs);
+PyObject *attnx_py_last_threads(PyObject *self, PyObject *noargs);
 PyObject *attnx_py_set_num_threads(PyObject *self, PyObject *arg);
 PyObject *attnx_py_use_openmp(PyObject *self, PyObject *args);
 PyObject *attnx_py_on_team(PyObject *self, PyObject *arg);

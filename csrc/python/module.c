@@ -38,6 +38,8 @@ static PyMethodDef methods[] = {
      "available_isas()\n--\n\nInstruction sets usable on this CPU, in the order of ISA_NAMES."},
     {"get_num_threads", attnx_py_get_num_threads, METH_NOARGS,
      "get_num_threads()\n--\n\nThreads used per call."},
+    {"last_threads", attnx_py_last_threads, METH_NOARGS,
+     "last_threads()\n--\n\nPrivate (tests): the threads this thread's last forward ran on."},
     {"set_num_threads", attnx_py_set_num_threads, METH_O,
      "set_num_threads(n)\n--\n\nThreads used per call; n <= 0 restores the default."},
     {"use_openmp", attnx_py_use_openmp, METH_VARARGS,

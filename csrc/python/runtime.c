@@ -55,6 +55,11 @@ PyObject *attnx_py_get_num_threads(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(attnx_get_num_threads());
 }
 
+PyObject *attnx_py_last_threads(PyObject *self, PyObject *noargs)
+{
+    return PyLong_FromLong(attnx_last_threads());
+}
+
 PyObject *attnx_py_set_num_threads(PyObject *self, PyObject *arg)
 {
     long n = PyLong_AsLong(arg);
