@@ -631,10 +631,10 @@ static void free_scratch(bwd_job *bj, int taken)
 {
     for (int t = 0; t < taken; t++) attnx_scratch_give_back(t, bj->scr[t].qt);
     free(bj->scr);
-    free(bj->partial);
-    free(bj->mg.copies);
-    free(bj->mg.acc);
-    free(bj->dsum);
+    attnx_free_floats(bj->partial);
+    attnx_free_floats(bj->mg.copies);
+    attnx_free_floats(bj->mg.acc);
+    attnx_free_floats(bj->dsum);
 }
 
 static attnx_status alloc_scratch(bwd_job *bj)

@@ -414,8 +414,10 @@ fwd_scratch attnx_fwd_scratch_at(float *base, const attnx_problem *p, int64_t ld
                                  int64_t split_dp, int acct);
 bwd_scratch attnx_bwd_scratch_at(float *base, const attnx_problem *p, const bwd_plan *plan);
 
-/* n floats, 64-byte aligned, or NULL (out of memory, or n too large). */
+/* n floats, 64-byte aligned, or NULL (out of memory, or n too large); freed
+ * by attnx_free_floats (only: not free(), on Windows). */
 float *attnx_alloc_floats(size_t n);
+void attnx_free_floats(float *p);
 
 /* Thread tid's scratch buffer of n floats, or NULL: tid 0 (the calling
  * thread) keeps its buffer between calls, so that a stream of small calls does

@@ -4,14 +4,16 @@
 #include <stdlib.h>
 
 #include "core/core.h"
+#include "core/platform.h"
 
 float *attnx_alloc_floats(size_t n)
 {
     size_t bytes;
-    if (!mul_ok(n, sizeof(float), &bytes) || bytes > SIZE_MAX - 64) return NULL;
-    bytes = (bytes + 63) & ~(size_t)63; /* aligned_alloc wants a multiple of 64 */
-    return aligned_alloc(64, bytes ? bytes : 64);
+    if (!mul_ok(n, sizeof(float), &bytes)) return NULL;
+    return attnx_os_aligned_alloc(bytes);
 }
+
+void attnx_free_floats(float *p) { attnx_os_aligned_free(p); }
 
 /* The calling thread's buffers, one a use (attnx_caller_use), kept between
  * calls and freed when the thread exits. */
@@ -25,7 +27,7 @@ typedef struct {
 static void cache_free(void *c)
 {
     if (c)
-        for (int u = 0; u < ATTNX_CALLER_USES; u++) free(((cache *)c)->buf[u]);
+        for (int u = 0; u < ATTNX_CALLER_USES; u++) attnx_free_floats(((cache *)c)->buf[u]);
     free(c);
 }
 
@@ -54,7 +56,7 @@ float *attnx_caller_buffer(attnx_caller_use use, size_t n)
     if (c->cap[use] < n) {
         float *b = attnx_alloc_floats(n);
         if (!b) return NULL;
-        free(c->buf[use]);
+        attnx_free_floats(c->buf[use]);
         c->buf[use] = b;
         c->cap[use] = n;
     }
@@ -68,7 +70,7 @@ float *attnx_scratch_take(int tid, size_t n)
 
 void attnx_scratch_give_back(int tid, float *buf)
 {
-    if (tid != 0) free(buf); /* thread 0's stays cached */
+    if (tid != 0) attnx_free_floats(buf); /* thread 0's stays cached */
 }
 
 /* kbuf and vbuf: a tile of keys and values converted from 16 bits, or

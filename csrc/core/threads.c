@@ -35,18 +35,13 @@
  *
  * The default thread count comes from ATTNX_NUM_THREADS, else
  * OMP_NUM_THREADS, else the CPUs this process may run on. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "core/core.h"
+#include "core/platform.h"
 
 #define MAX_THREADS ATTNX_MAX_THREADS
 
@@ -67,7 +62,7 @@ static struct {
           .done = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
-static long spin_ns = 100000;
+static long long spin_ns = 100000;
 
 /* A loaded OpenMP runtime's entry points, looked for (under omp.mu) until
  * found, then kept; omp_on: the sections run on it. */
@@ -92,17 +87,12 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static long now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000L + t.tv_nsec;
-}
+static long long now_ns(void) { return attnx_os_now_ns(); }
 
 /* Spin until the section number differs from old, for at most spin_ns: 1 if it did. */
 static int spin_until_gen_changes(unsigned long old)
 {
-    const long t0 = now_ns();
+    const long long t0 = now_ns();
     for (int i = 1;; i++) {
         if (atomic_load_explicit(&pool.agen, memory_order_acquire) != old) return 1;
         cpu_relax();
@@ -172,7 +162,7 @@ static void pool_init(void)
         const long us = strtol(s, &end, 10);
         if (*end == '\0' && us >= 0 && us <= 1000000) spin_ns = us * 1000;
     }
-    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    (void)attnx_os_at_fork(before_fork, after_fork_parent, after_fork_child); /* none on Windows */
 }
 
 void attnx_threads_init(void) { pthread_once(&pool_once, pool_init); }
@@ -211,7 +201,7 @@ static void post_section(int n, void (*fn)(void *arg, int tid), void *arg)
 /* Spin for the helpers to finish, then sleep until they do. */
 static void wait_for_helpers(void)
 {
-    const long t0 = now_ns();
+    const long long t0 = now_ns();
     for (int i = 1; atomic_load(&pool.pending) > 0; i++) {
         cpu_relax();
         if ((i & 63) == 0 && now_ns() - t0 > spin_ns) {
@@ -223,33 +213,25 @@ static void wait_for_helpers(void)
     }
 }
 
-/* The first loaded library whose file name starts with libgomp (GNU) or
- * libiomp (Intel's, which exports the same GOMP_ entry points) and whose path
- * starts with *data (a directory; "" for any). */
-static int find_openmp(struct dl_phdr_info *info, size_t size, void *data)
+/* The first loaded OpenMP runtime (libgomp: GNU's; libiomp: Intel's, which
+ * exports the same GOMP_ entry points) whose path starts with under (a
+ * directory; "" for any), into omp (under omp.mu); where it cannot be found
+ * (Windows), the sections stay on the pool. */
+static void find_openmp(const char *under)
 {
-    (void)size;
-    const char *path = info->dlpi_name, *base = strrchr(path, '/'), *under = data;
-    base = base ? base + 1 : path;
-    if (strncmp(path, under, strlen(under)) != 0) return 0;
-    if (strncmp(base, "libgomp", 7) != 0 && strncmp(base, "libiomp", 7) != 0) return 0;
-    void *h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD); /* kept: never closed */
-    if (!h) return 0;
-    void *par = dlsym(h, "GOMP_parallel"), *num = dlsym(h, "omp_get_thread_num");
-    if (!par || !num || strlen(path) >= sizeof omp.name) return 0;
+    void *par, *num;
+    if (!attnx_os_find_openmp(under, &par, &num, omp.name, sizeof omp.name)) return;
     /* object to function pointer: POSIX's dlsym guarantees it */
     memcpy(&omp.parallel, &par, sizeof par);
     memcpy(&omp.thread_num, &num, sizeof num);
-    strcpy(omp.name, path);
-    return 1;
 }
 
 const char *attnx_use_openmp(int on, const char *under)
 {
     pthread_once(&pool_once, pool_init); /* its fork handlers */
     pthread_mutex_lock(&omp.mu);
-    if (on && !omp.parallel && under) dl_iterate_phdr(find_openmp, (void *)under);
-    if (on && !omp.parallel) dl_iterate_phdr(find_openmp, "");
+    if (on && !omp.parallel && under) find_openmp(under);
+    if (on && !omp.parallel) find_openmp("");
     const int use = on && omp.parallel != NULL && !atomic_load(&forked);
     atomic_store(&omp_on, use);
     pthread_mutex_unlock(&omp.mu);
@@ -324,7 +306,7 @@ void attnx_wait_for(atomic_llong *x, long long want)
             cpu_relax();
             spins++;
         } else {
-            sched_yield(); /* more threads than cores: let the awaited one run */
+            attnx_os_yield(); /* more threads than cores: let the awaited one run */
         }
     }
 }
@@ -352,14 +334,7 @@ static int count_default_threads(void)
 {
     int n = env_int("ATTNX_NUM_THREADS");
     if (!n) n = env_int("OMP_NUM_THREADS");
-#ifdef CPU_COUNT
-    if (!n) {
-        cpu_set_t set;
-        if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-    }
-#endif
-    if (!n) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (n < 1) n = 1;
+    if (!n) n = attnx_os_cpu_count(); /* its affinity mask where the system has one */
     return n > MAX_THREADS ? MAX_THREADS : n;
 }
 

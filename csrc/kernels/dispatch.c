@@ -5,18 +5,12 @@
  * A new instruction set is one row here, one kernels/<isa>.c and one line in
  * csrc/sources.txt. An instruction set may have bfloat16 dot products on top
  * (AVX-512: AMX tiles, vdpbf16ps), picked the same way from ATTNX_BF16_DOTS. */
-#if defined(__linux__)
-#define _GNU_SOURCE /* syscall() under -std=c11 */
-#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include "attnx.h"
+#include "core/platform.h"
 #include "kernels/kernels.h"
 
 #if defined(ATTNX_HAVE_X86) && (defined(__GNUC__) || defined(__clang__))
@@ -54,7 +48,10 @@ static int cpu_has_avx512(void)
     unsigned int a, b, c, d;
     if (!cpu_has_avx2()) return 0;
     EMULATED(1);
-    if ((xgetbv0() & 0xe6) != 0xe6) return 0; /* and opmask, ZMM state */
+    /* the OS saves the opmask and ZMM state: XCR0, or where the OS grants it
+     * on first use (macOS, which shows it off in XCR0 until then) its answer */
+    const int granted = attnx_os_avx512_granted();
+    if (granted == 0 || (granted < 0 && (xgetbv0() & 0xe6) != 0xe6)) return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     const int f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     return f && bw && vl;
@@ -85,11 +82,7 @@ static int cpu_has_amx_bf16(void)
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     if (!((d >> 22) & 1) || !((d >> 24) & 1)) return 0;
     if ((xgetbv0() & 0x60000) != 0x60000) return 0;
-#if defined(__linux__)
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-#else
-    return 0;
-#endif
+    return attnx_os_request_amx();
 }
 #elif defined(ATTNX_HAVE_X86)
 static int cpu_has_avx2(void) { return 0; } /* no cpuid.h: stay on the scalar path */

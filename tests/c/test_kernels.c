@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "attnx.h"
+#include "core/platform.h"
 #include "kernels/kernels.h"
 #include "common.h"
 
@@ -1083,7 +1084,7 @@ static void pv_bf16_case(const attnx_kernels *kt, int nq, int nk, int Dv, int64_
     uint16_t *v = malloc(sizeof(uint16_t) * nv);
     float *acct = guarded((size_t)(Dv + 1) * LDQ), *ref = guarded((size_t)(Dv + 1) * LDQ);
     float *init = guarded((size_t)Dv * LDQ);
-    float *work = aligned_alloc(64, sizeof(float) * ATTNX_PV_BF16_WORK(128));
+    float *work = attnx_os_aligned_alloc(sizeof(float) * ATTNX_PV_BF16_WORK(128));
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < LDQ; i++) pt[j * LDQ + i] = random_prob();
     int special = 0;
@@ -1131,7 +1132,8 @@ static void pv_bf16_case(const attnx_kernels *kt, int nq, int nk, int Dv, int64_
             expect(acct[d * LDQ + i] == GUARD, "acct[%d][%d] written past the queries", d, i);
     for (int i = 0; i < LDQ; i++)
         expect(acct[Dv * LDQ + i] == GUARD, "acct row %d (Dv) written", Dv);
-    free(pt), free(v), free(acct), free(ref), free(init), free(work);
+    free(pt), free(v), free(acct), free(ref), free(init);
+    attnx_os_aligned_free(work);
 }
 
 /* Every pv_bf16 (medium 0) or pv_medium (1) of an instruction set's
@@ -1386,7 +1388,7 @@ static void pv_split_case(const attnx_kernels *kt, int nq, int nk, int Dv, int k
     uint16_t *vt = malloc(sizeof(uint16_t) * 3 * (size_t)vpart);
     float *acct = guarded((size_t)(Dv + 1) * LDQ), *ref = guarded((size_t)(Dv + 1) * LDQ);
     float *init = guarded((size_t)Dv * LDQ), alpha[LDQ];
-    float *work = aligned_alloc(64, sizeof(float) * ATTNX_PV_BF16_WORK(0));
+    float *work = attnx_os_aligned_alloc(sizeof(float) * ATTNX_PV_BF16_WORK(0));
     for (int j = 0; j < nk; j++)
         for (int i = 0; i < LDQ; i++) pt[j * LDQ + i] = random_prob();
     for (int d = 0; d < Dv; d++)
@@ -1422,7 +1424,8 @@ static void pv_split_case(const attnx_kernels *kt, int nq, int nk, int Dv, int k
             expect(acct[d * LDQ + i] == GUARD, "acct[%d][%d] written past the queries", d, i);
     for (int i = 0; i < LDQ; i++)
         expect(acct[Dv * LDQ + i] == GUARD, "acct row %d (Dv) written", Dv);
-    free(pt), free(vtf), free(vt), free(acct), free(ref), free(init), free(work);
+    free(pt), free(vtf), free(vt), free(acct), free(ref), free(init);
+    attnx_os_aligned_free(work);
 }
 
 /* Every table of an instruction set's bfloat16 dot products that has the
