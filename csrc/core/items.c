@@ -426,8 +426,9 @@ void attnx_online_item(const fwd_job *jb, const fwd_scratch *s, const item_view 
 }
 
 /* need_weights, pass 1: each row's max and sum; s->alpha becomes 1 / sum.
- * With long sums, each chunk's max and sum folded into a double state's
- * (its accumulator unused). Returns start_rows' answer, for pass 2. */
+ * With long sums, each chunk's max and sum folded into a double state
+ * (attnx_sum_fold_f32; the accumulator, zeros here, unused). Returns start_rows' answer, for
+ * pass 2. */
 static item_path weights_stats(const fwd_job *jb, const fwd_scratch *s, const item_view *it)
 {
     const item_path path = start_rows(jb, s, it);
@@ -435,22 +436,14 @@ static item_path weights_stats(const fwd_job *jb, const fwd_scratch *s, const it
     if (jb->plan.sums) attnx_sum_clear(jb, t, it->nq);
     for (int64_t c0 = it->kbeg, c1; c0 < it->kend; c0 = c1) {
         c1 = chunk_end(jb, c0, it->kend);
-        for (int i = 0; i < BQ; i++) {
-            s->m[i] = -INFINITY;
-            s->l[i] = 0.0f;
-        }
+        if (c0 > it->kbeg) clear_rows(jb, s, it, &path); /* start_rows emptied it first */
         for (int64_t j0 = c0; j0 < c1; j0 += BK) {
             const int nk = (int)min64(BK, c1 - j0);
             scores(jb, s, it, j0, nk, path.queries);
             softmax_tile(jb, s, it, nk);
         }
-        if (!jb->plan.sums) break; /* one chunk */
-        for (int i = 0; i < it->nq; i++) {
-            const double m = s->m[i], l = s->l[i], M = t.m[i], mx = m > M ? m : M;
-            if (l == 0.0) continue;
-            t.l[i] = t.l[i] * exp(M - mx) + l * exp(m - mx);
-            t.m[i] = mx;
-        }
+        if (!jb->plan.sums) break;                             /* one chunk */
+        attnx_sum_fold_f32(jb, t, s->m, s->l, s->acc, it->nq); /* acc: zeros, unused */
     }
     if (jb->plan.sums)
         for (int i = 0; i < it->nq; i++) { /* the max is a score: exact in float32 */
