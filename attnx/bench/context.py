@@ -128,6 +128,8 @@ class Context:
             self.F = importlib.import_module("torch.nn.functional")
         except ImportError:
             pass
+        from . import onnx
+        self.ort: Any = onnx.load()     # ONNX Runtime, an optional contestant ([onnx] extra)
 
     def time(self, fns: Sequence[Callable[[], object]], settle: Sequence[int] = ()) -> List[float]:
         """:func:`interleaved` with this run's repeats."""
@@ -181,7 +183,7 @@ class Context:
         if dense:
             row["of_peak"] = row["attnx_gflops"] / row["peak_gflops"]
             row["of_ceiling"] = row["attnx_gflops"] / top
-        for n in ("torch", "numpy", "float32", "highest"):
+        for n in ("torch", "onnxruntime", "numpy", "float32", "highest"):
             if n in times:
                 row[f"{n}_s"] = times[n]
                 row[f"{n}_gflops"] = flops / times[n] / 1e9
@@ -194,7 +196,8 @@ class Context:
         return [
             f"attnx {attnx.__version__}, ISA {attnx.isa()}, {self.threads} thread(s), "
             f"CPU: {cpu_name()}, numpy {np.__version__}"
-            + (f", torch {torch.__version__}" if torch else ", torch not installed"),
+            + (f", torch {torch.__version__}" if torch else ", torch not installed")
+            + (f", onnxruntime {self.ort.__version__}" if self.ort else ""),
             f"GFLOP/s = 4·B·H·Lq·Lk·D (backward 10·, forward+backward 14·) / median time per "
             f"call over {self.repeats} interleaved rounds (each a ~30 ms block of back-to-back calls)",
             f"FP32 FMA peak measured now ({attnx.isa()}, register-only FMA chains): "

@@ -76,12 +76,18 @@ def _speed_rows(rows: List[Row]) -> List[Row]:
 
 
 def speed(rows: List[Row], about: Dict[str, Any]) -> str:
-    """GFLOP/s of attnx, its share of the peak, torch and NumPy, each speed row."""
+    """GFLOP/s of attnx, its share of the peak, torch, ONNX Runtime (where the run
+    had it) and NumPy, each speed row."""
+    speed_rows = _speed_rows(rows)
+    ort = any("onnxruntime_gflops" in r for r in speed_rows)    # a run with ONNX Runtime
     body = [[_label(r), _g(r.get("attnx_gflops")), _pct(r.get("of_peak")), _g(r.get("torch_gflops")),
-             _x(r.get("vs_torch")), _g(r.get("numpy_gflops")), _x(r.get("vs_numpy"))]
-            for r in _speed_rows(rows)]
-    return _table(["row", "attnx GFLOP/s", "of the peak", "torch SDPA", "attnx vs torch",
-                   "NumPy", "attnx vs NumPy"], body)
+             _x(r.get("vs_torch"))]
+            + ([_g(r.get("onnxruntime_gflops")), _x(r.get("vs_onnxruntime"))] if ort else [])
+            + [_g(r.get("numpy_gflops")), _x(r.get("vs_numpy"))]
+            for r in speed_rows]
+    return _table(["row", "attnx GFLOP/s", "of the peak", "torch SDPA", "attnx vs torch"]
+                  + (["ONNX Runtime", "attnx vs ONNX Runtime"] if ort else [])
+                  + ["NumPy", "attnx vs NumPy"], body)
 
 
 def sweep(rows: List[Row], about: Dict[str, Any]) -> str:

@@ -59,7 +59,8 @@ TABLES: Dict[str, Table] = {
         Column("attnx", _key("attnx_gflops")), Column("of peak", _key("of_peak"), "{:7.0%}"),
         Column("torch", _key("torch_gflops")),
         Column("numpy", _key("numpy_gflops")), Column("vs torch", _key("vs_torch"), _RATIO),
-        Column("vs numpy", _key("vs_numpy"), _RATIO))),
+        Column("vs numpy", _key("vs_numpy"), _RATIO), Column("onnxrt", _key("onnxruntime_gflops")),
+        Column("vs onnxrt", _key("vs_onnxruntime"), _RATIO))),
     "decode": Table(
         "Decoding (Lq=1) reads K and V: GB/s, against a plain reduction over the same bytes "
         "on as many threads (the roofline)", (

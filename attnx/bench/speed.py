@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from numpy.typing import NDArray
 
+from . import onnx
 from .context import F32, Context, inputs, read_all
 from .rows import Row
 
@@ -44,8 +45,10 @@ def case(ctx: Context, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D:
          causal: bool = False, mask: Optional[NDArray[Any]] = None, layout: str = "bhld",
          need_weights: bool = False, numpy: bool = False, threads: Optional[int] = None,
          bfloat16: bool = False, medium: bool = False) -> List[Row]:
-    """One row: attnx, torch's SDPA (unless need_weights) and, with ``numpy``,
-    the tutorial NumPy code, on the same inputs and threads (``bfloat16``:
+    """One row: attnx, torch's SDPA (unless need_weights), ONNX Runtime's
+    MultiHeadAttention where it is installed (float32, no mask, Lq == Lk:
+    :mod:`.onnx`) and, with ``numpy``, the tutorial NumPy code, on the same
+    inputs and threads (``bfloat16``:
     bfloat16 tensors for attnx and torch, and attnx on float32 tensors of
     the same values beside them: the row's vs_float32 is how much faster
     the bfloat16 call is). With ``medium``, the same call under
@@ -87,11 +90,16 @@ def case(ctx: Context, name: str, B: int, Hq: int, Hk: int, Lq: int, Lk: int, D:
             tm = tm & torch.ones(Lq, Lk, dtype=torch.bool).tril()
         fns.append(lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm, is_causal=tc, **kw))
         names.append("torch")
+    if (ctx.ort and not need_weights and not bfloat16 and mask is None and not gqa
+            and layout == "bhld" and Lq == Lk):
+        fns.append(onnx.attention(ctx.ort, q, k, v, causal=causal, threads=nt))
+        names.append("onnxruntime")
     if numpy:
         q3, k3, v3 = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
         fns.append(lambda: numpy_attention(q3, k3, v3))
         names.append("numpy")
-    settle = [names.index("numpy")] if numpy else []
+    # NumPy's matmul (OpenBLAS) and ONNX Runtime's pool spin after a call
+    settle = [names.index(n) for n in ("numpy", "onnxruntime") if n in names]
     times = dict(zip(names, ctx.time(fns, settle)))
     flops = 4.0 * B * Hq * Lq * Lk * D
     row = ctx.speed_row(name, flops, times, nt, dense=not causal, dots=bfloat16)
