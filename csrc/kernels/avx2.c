@@ -23,6 +23,7 @@
 #define PV_NV 3
 
 #define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_IN_REGISTER(x) __asm__("" : "+x"(x)) /* an empty asm that needs x in a register */
 #define V_STORE(p, x) _mm256_storeu_ps(p, x)
 #define V_SET1(f) _mm256_set1_ps(f)
 #define V_BCAST(p) _mm256_broadcast_ss(p)

@@ -28,6 +28,14 @@
 
 #define ATTNX_INLINE static inline __attribute__((always_inline))
 
+/* V_IN_REGISTER(x): x is kept in a register from here (optional, a no-op by
+ * default). GCC folds a vector used by several FMAs into each of them as a
+ * memory operand, loading it once per use: in decoding's dot products that
+ * is one load per FMA, past the two loads a cycle of AVX2's cores. */
+#ifndef V_IN_REGISTER
+#define V_IN_REGISTER(x) ((void)0)
+#endif
+
 /* exp(x) for x <= 0 or NaN (all the softmax ever passes: scores minus their
  * max), the steps of attnx_expf() in kernels.h, W lanes at a time. Without
  * positive x the upper clamp is not needed: 2^n stays within [2^-126, 1]. */
@@ -164,7 +172,8 @@ ATTNX_INLINE void qk_dot_block(const int MR, const int NK, const float *q, int64
         VF kv[4];
         for (int r = 0; r < NK; r++) kv[r] = key_load(key_at(k, r * k_sl + d, kind), kind);
         for (int i = 0; i < MR; i++) {
-            const VF qv = V_LOAD(q + i * D + d);
+            VF qv = V_LOAD(q + i * D + d);
+            V_IN_REGISTER(qv);
             for (int r = 0; r < NK; r++) a[i][r] = V_FMA(qv, kv[r], a[i][r]);
         }
     }
@@ -205,11 +214,13 @@ ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, 
                              int nk, float *st, int64_t ldk, const int kind)
 {
     const int64_t esize = row_esize(kind), ahead = rows_ahead(k_sl * esize, kind == ROW_I8);
-    /* keys a block: 4, or 2 for int8 with 16 vector registers (AVX2), where 4
-     * rows x 4 keys of sums, the keys and a query row would spill: converting
-     * int8 costs two instructions a vector, and nothing hides them there as
-     * waiting on memory hides them for wider elements */
-    const int kb = kind == ROW_I8 && W == 8 ? 2 : 4;
+    /* keys a block: 4, or 2 with 16 vector registers (AVX2) where 4 rows x 4
+     * keys of sums, the keys and a query row would spill (a GQA group of 3 or
+     * more rows, and int8, whose conversion costs two instructions a vector).
+     * Measured on AMD EPYC Zen 3 (tools/microbench/run.sh tile-decode 128 4 0
+     * avx2, TSC cycles a key): float32 qk 51 -> 39 with V_IN_REGISTER; one row
+     * keeps 4 keys, 4 chains of FMAs (2 keys: 20 -> 27). */
+    const int kb = W == 8 && (kind == ROW_I8 || nq >= 3) ? 2 : 4;
     for (int j = 0; j < nk; j += kb) {
         for (int r = 0; r < kb; r++) prefetch_row(k, (j + ahead + r) * k_sl * esize, D * esize);
         for (int i = 0; i < nq; i += 4) {
@@ -623,10 +634,11 @@ ATTNX_INLINE void pv_any(const float *pt, int64_t s_sum, int64_t s_row, int nq, 
                          int64_t ldacc, const int kind, const int pf, const int add)
 {
     const int64_t nvec = (Dv + W - 1) / W;
-    /* vectors of values a block: PV_NV, or 2 for int8 with 16 vector registers
-     * (AVX2): float values can be FMA operands from memory, converted int8
-     * ones take a register each, and PV_NV of them would spill a sum */
-    const int nvb = kind == ROW_I8 && W == 8 && PV_NV > 2 ? 2 : PV_NV;
+    /* vectors of values a block: PV_NV, or 2 for converted values with 16
+     * vector registers (AVX2): float values can be FMA operands from memory,
+     * converted int8 or 16-bit ones take a register each, and PV_NV of them
+     * would spill a sum */
+    const int nvb = kind != ROW_F32 && W == 8 && PV_NV > 2 ? 2 : PV_NV;
     for (int i = 0; i < nq; i += PV_MR) {
         const int mr = nq - i < PV_MR ? nq - i : PV_MR;
         const float *al = alpha ? alpha + i : NULL;
