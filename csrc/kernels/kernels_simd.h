@@ -214,13 +214,15 @@ ATTNX_INLINE void qk_dot_any(const float *qr, int64_t D, int nq, const void *k, 
                              int nk, float *st, int64_t ldk, const int kind)
 {
     const int64_t esize = row_esize(kind), ahead = rows_ahead(k_sl * esize, kind == ROW_I8);
-    /* keys a block: 4, or 2 with 16 vector registers (AVX2) where 4 rows x 4
-     * keys of sums, the keys and a query row would spill (a GQA group of 3 or
-     * more rows, and int8, whose conversion costs two instructions a vector).
-     * Measured on AMD EPYC Zen 3 (tools/microbench/run.sh tile-decode 128 4 0
-     * avx2, TSC cycles a key): float32 qk 51 -> 39 with V_IN_REGISTER; one row
-     * keeps 4 keys, 4 chains of FMAs (2 keys: 20 -> 27). */
-    const int kb = W == 8 && (kind == ROW_I8 || nq >= 3) ? 2 : 4;
+    /* keys a block: 4, but with 16 vector registers (AVX2) 4 rows x 4 keys of
+     * sums, the keys and a query row would spill: there a GQA group of 3 or
+     * more rows takes 3 keys (12 sums), int8 2 (its conversion needs
+     * registers too). Measured on AMD EPYC Zen 3 (tools/microbench/run.sh
+     * tile-decode 128 4 KIND avx2, TSC cycles a key, with V_IN_REGISTER):
+     * float32 qk 51 -> 41 (2 keys) -> 37.5 (3); float16 47 -> 35; int8 43 ->
+     * 39 (2 keys; 44 with 3). One row keeps 4 keys: 4 chains of FMAs (2 keys:
+     * 20 -> 27 cycles). */
+    const int kb = W != 8 ? 4 : kind == ROW_I8 ? 2 : nq >= 3 ? 3 : 4;
     for (int j = 0; j < nk; j += kb) {
         for (int r = 0; r < kb; r++) prefetch_row(k, (j + ahead + r) * k_sl * esize, D * esize);
         for (int i = 0; i < nq; i += 4) {
