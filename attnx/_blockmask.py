@@ -15,7 +15,7 @@ classes to every call with the mask, like FlexAttention's
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, SupportsIndex, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, SupportsIndex, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -25,6 +25,11 @@ from ._arrays import as_array, integer_array, is_float_dtype, shape_str
 from ._scalars import nonnegative_int
 
 __all__ = ["BlockMask"]
+
+#: Called with every BlockMask built (unpickled and copied ones too). attnx.torch
+#: adds the function that gives it its tensors (torch.compile reads those: it cannot
+#: read the sealed arrays).
+ON_BUILD: List[Callable[["BlockMask"], Any]] = []
 
 
 class BlockMask:
@@ -85,6 +90,8 @@ class BlockMask:
         blocks = _attnx.classify_mask(m4, 0)     # the GIL released
         self._mask = _sealed(m)
         self._blocks = _sealed(blocks.reshape(lead + blocks.shape[2:]))
+        for hook in ON_BUILD:
+            hook(self)
 
     @property
     def mask(self) -> NDArray[Any]:
@@ -187,6 +194,8 @@ def _rebuilt(mask: NDArray[Any], blocks: NDArray[np.uint8]) -> BlockMask:
     bm = BlockMask.__new__(BlockMask)
     bm._mask = _sealed(np.ascontiguousarray(mask))
     bm._blocks = _sealed(np.ascontiguousarray(blocks))
+    for hook in ON_BUILD:
+        hook(bm)
     return bm
 
 

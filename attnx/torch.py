@@ -1,36 +1,57 @@
-"""``attnx.torch``: attnx's attention as a differentiable PyTorch function.
+"""``attnx.torch``: attnx's attention as a differentiable PyTorch function and operator.
 
 ``attnx.torch.scaled_dot_product_attention`` is a drop-in for
 ``torch.nn.functional.scaled_dot_product_attention`` on CPU tensors, with
 attnx's extra keywords (``layout``, ``key_lengths``, ``query_lengths``, the
 lower-right causal alignment). Gradients flow to query, key, value and a
 float ``attn_mask`` tensor through attnx's fused backward pass (``attn_mask``
-may also be an :class:`attnx.BlockMask`, which gets none: it holds no tensor).
+may also be an :class:`attnx.BlockMask` or a FlexAttention ``BlockMask``,
+which get none: they hold no mask tensor).
 It is differentiable once: a second derivative (``create_graph=True`` then
 another ``grad``: Hessian-vector products, gradient penalties) raises instead
 of silently dropping attention's second-order term, and functorch transforms
 (``torch.func.vmap``, ``grad``...) are refused by name. torch is imported
 here only (``import attnx`` never imports it).
+
+Importing it registers the PyTorch operators ``torch.ops.attnx.scaled_dot_product_attention``
+and ``torch.ops.attnx.scaled_dot_product_attention_backward`` (``torch.library.custom_op``,
+with fake implementations and autograd: ``attnx._torch_ops``). Under
+``torch.compile`` (``fullgraph=True`` too: no graph break) and ``torch.export``
+the function calls them, so the graph holds one attnx node for the forward and
+one for the backward; in eager mode it runs the same kernels without the
+dispatcher's cost per call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 import torch
 
 # (Alignment, ArrayInput, Precision, Window: names in the signature that takes() writes)
-from ._args import (Alignment, ArrayInput, Causal, Layout, Precision, Window, bfloat16_arrays, check_flag,
-                    torch_bfloat16)
+from ._args import (Alignment, ArrayInput, Causal, Layout, Precision, Window, bfloat16_arrays,
+                    check_flag, torch_bfloat16)
 from ._blockmask import BlockMask
 from ._functional import CALL_THREADS, OPTIONS, plain_forward
-from ._functional import scaled_dot_product_attention as _sdpa
-from ._grad import scaled_dot_product_attention_backward as _sdpa_backward
+from . import _functional, _grad
 from ._options import DEFAULTS, Options, check_names, plain, takes
 from . import _attnx
+# the operators (torch.ops.attnx.*), registered on import; they read this module's
+# helpers (_numpy, _threads_for, _sdpa...) when called
+from . import _torch_ops as _ops
+from . import _blockmask
+from ._torch_call import call_operator as _call_operator
+
+# every attnx.BlockMask built from now on gets its tensors at once (torch.compile reads them)
+_blockmask.ON_BUILD.append(_ops.block_mask_tensors)
+
+#: the NumPy forward and backward that every call here (and the operators) runs
+_sdpa = _functional.scaled_dot_product_attention
+_sdpa_backward = _grad.scaled_dot_product_attention_backward
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -68,26 +89,34 @@ if hasattr(os, "register_at_fork"):
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-def _check_tensors(tensors: Tuple[Optional[torch.Tensor], ...], names: Tuple[str, ...]) -> None:
+def _check_tensors(tensors: Tuple[Optional[torch.Tensor], ...], names: Tuple[str, ...],
+                   functorch: bool = True) -> None:
     """TypeError naming an argument that is not a torch.Tensor (None allowed but
-    for query, key, value; an attnx.BlockMask for attn_mask), RuntimeError for
-    tensors of a functorch transform (vmap, grad, jacrev, ...: their wrappers
-    have no memory attnx can read)."""
+    for query, key, value; an attnx.BlockMask or a FlexAttention BlockMask for
+    attn_mask), RuntimeError for tensors of a functorch transform (vmap, grad,
+    jacrev, ...: their wrappers have no memory attnx can read; not checked with
+    ``functorch=False``, under torch.compile, which handles its transforms)."""
     for t, name in zip(tensors, names):
         if t is None and name not in ("query", "key", "value"):
             continue
-        if name == "attn_mask" and isinstance(t, BlockMask):
+        if name == "attn_mask" and (isinstance(t, BlockMask) or _ops.is_flex_block_mask(t)):
             continue
         if not isinstance(t, torch.Tensor):
-            also = "or an attnx.BlockMask; " if name == "attn_mask" else ""
+            also = ("or an attnx.BlockMask; or a FlexAttention BlockMask (create_block_mask); "
+                    if name == "attn_mask" else "")
             raise TypeError(f"attnx.torch.scaled_dot_product_attention: {name} must be a "
                             f"torch.Tensor; got {type(t).__name__} ({also}for NumPy arrays use "
                             f"attnx.scaled_dot_product_attention)")
-        if _functorch_wrapped(t):
+        if functorch and _functorch_wrapped(t):
             raise RuntimeError(f"attnx.torch.scaled_dot_product_attention does not support "
                                f"functorch transforms (torch.func.vmap, grad, jacrev, ...): "
                                f"{name} is a transform's wrapped tensor. Call it outside the "
                                f"transform, or use torch.nn.functional.scaled_dot_product_attention")
+
+
+#: the tensor types whose memory the eager calls read (other subclasses, a tracer's
+#: fake and functional tensors, take the operators)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _mask_numpy(attn_mask: Union[torch.Tensor, BlockMask, None]) -> Any:
@@ -252,8 +281,14 @@ def _once_differentiable(grads: Tuple[Optional[torch.Tensor], ...],
 
 
 class _Attention(torch.autograd.Function):  # type: ignore[misc]  # torch is untyped here
-    """out = attnx attention(q, k, v, mask); saves out and lse for the backward.
-    An attnx.BlockMask ``attn_mask`` is kept on ctx (not a tensor: no gradient)."""
+    """out = attnx attention(q, k, v, mask); saves out and lse (once each) for the backward.
+    An attnx.BlockMask ``attn_mask`` is kept on ctx (not a tensor: no gradient).
+
+    The eager calls on plain tensors that need a gradient, as before the
+    operators: the same NumPy forward and backward as the operators' kernels
+    (the tests hold the two to the same bits), without the dispatcher, whose
+    custom-operator autograd costs more per call than a small attention
+    (+50 us and more measured, on a call of 60)."""
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -358,6 +393,21 @@ def scaled_dot_product_attention(
     (its mask is not classified again); it holds no tensor, so a float
     BlockMask gets no gradient (query, key and value do): for the mask's
     gradient pass the mask as a float tensor that requires grad.
+    ``attn_mask`` may also be a FlexAttention ``BlockMask``
+    (``torch.nn.attention.flex_attention.create_block_mask``), made for
+    (Q_LEN, KV_LEN) = (Lq, Lk): the mask it stands for as ``flex_attention``'s
+    kernel applies it (its ``mask_mod`` in the blocks it lists as partial, every
+    key of its full blocks, no key of the blocks it lists in neither; B and H as
+    it was made for, broadcast when 1) is evaluated once, at its first use, into
+    an :class:`attnx.BlockMask` kept on it, which every later call (layers,
+    steps) reuses; one created inside a compiled function is evaluated in the
+    graph instead.
+
+    Under ``torch.compile`` and ``torch.export`` the call is the operator
+    ``torch.ops.attnx.scaled_dot_product_attention`` (its backward
+    ``torch.ops.attnx.scaled_dot_product_attention_backward``): no graph break,
+    dynamic sequence lengths; bad arguments raise the same errors, when the
+    operator runs.
 
     Returns the output tensor, (B..., Hq, Lq, Ev) (``"blhd"``: (B..., Lq, Hq, Ev)).
     With ``need_weights=True``, the tuple (output, weights): the attention
@@ -375,7 +425,9 @@ def scaled_dot_product_attention(
     >>> q.grad.shape
     torch.Size([2, 4, 10, 16])
     """
-    if (attn_mask is None and need_weights is False and (not options or plain(options))
+    compiling = torch.compiler.is_compiling()
+    if (not compiling and attn_mask is None and need_weights is False
+            and (not options or plain(options))
             and type(dropout_p) is float and dropout_p == 0.0
             and type(query) is torch.Tensor and type(key) is torch.Tensor
             and type(value) is torch.Tensor
@@ -391,18 +443,36 @@ def scaled_dot_product_attention(
     sinks = opts.pop("sinks", None)          # a tensor: a gradient flows to it
     layout = opts["layout"]
     tensors = (query, key, value, attn_mask, sinks)
-    _check_tensors(tensors, ("query", "key", "value", "attn_mask", "sinks"))
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)
+    _check_tensors(tensors, ("query", "key", "value", "attn_mask", "sinks"), not compiling)
     need_weights = check_flag(need_weights, "need_weights")
-    inference = not (torch.is_grad_enabled()
-                     and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors))
-    if inference:
-        # nothing to differentiate (inference, generate()): no lse, no autograd node
-        q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
-        m = _mask_numpy(attn_mask)
-        sk = None if sinks is None else _numpy(sinks, "sinks")
-        with _threads_for(query, key, layout):
-            result = _sdpa(q, k, v, attn_mask=m, sinks=sk, need_weights=need_weights, **opts)
-        if need_weights:
-            return torch.from_numpy(result[0]).to(query.dtype), torch.from_numpy(result[1]).to(query.dtype)
-        return torch.from_numpy(result).to(query.dtype)
-    return _Attention.apply(query, key, value, attn_mask, sinks, opts, need_weights)
+    if compiling:
+        # torch.compile, torch.export: the operators, whose fake implementations
+        # give the shapes (functorch transforms are torch.compile's to handle)
+        return _call_operator(query, key, value, attn_mask, sinks, opts, need_weights, grad)
+    if not (type(query) in _PLAIN and type(key) in _PLAIN and type(value) in _PLAIN
+            and (type(attn_mask) in _PLAIN or not isinstance(attn_mask, torch.Tensor))
+            and (sinks is None or type(sinks) in _PLAIN)):
+        # a tracer's tensors (fake, functional: make_fx, AOTAutograd...): the operators
+        return _call_operator(query, key, value, attn_mask, sinks, opts, need_weights, grad)
+    if isinstance(attn_mask, BlockMask):
+        _ops.block_mask_tensors(attn_mask)     # for torch.compile later (made once: at its build
+                                               # unless that was before `import attnx.torch`)
+    elif attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        _ops.check_flex_lengths(attn_mask, query, key, layout)   # a FlexAttention BlockMask:
+        attn_mask = _ops.from_flex(attn_mask)                     # evaluated once, kept on it
+    if grad:
+        return _Attention.apply(query, key, value, attn_mask, sinks, opts, need_weights)
+    # nothing to differentiate (inference, generate()): no lse, no autograd node
+    q, k, v = (_numpy(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+    m = _mask_numpy(attn_mask)
+    sk = None if sinks is None else _numpy(sinks, "sinks")
+    with _threads_for(query, key, layout):
+        result = _sdpa(q, k, v, attn_mask=m, sinks=sk, need_weights=need_weights, **opts)
+    if need_weights:
+        return torch.from_numpy(result[0]).to(query.dtype), torch.from_numpy(result[1]).to(query.dtype)
+    return torch.from_numpy(result).to(query.dtype)
+
+
+_ops.bind(sys.modules[__name__])     # the operators call this module's helpers
