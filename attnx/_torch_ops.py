@@ -43,7 +43,6 @@ import math
 import sys
 import types
 import warnings
-import weakref
 from typing import Any, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
@@ -114,10 +113,6 @@ def _mask_arg(attn_mask: Optional[torch.Tensor], mask_blocks: Optional[torch.Ten
         return m
     if mask_blocks.dtype != torch.uint8:
         raise TypeError(f"mask_blocks must be uint8 (attnx.BlockMask.blocks); got {mask_blocks.dtype}")
-    ref = getattr(attn_mask, "_attnx_block_mask", None)    # the tensor of block_mask_tensors
-    bm = None if ref is None else ref()
-    if bm is not None and bm.__dict__.get("_torch", (None, None))[1] is mask_blocks:
-        return bm
     bm = BlockMask.__new__(BlockMask)
     bm._mask = m
     bm._blocks = mask_blocks.numpy()
@@ -330,9 +325,18 @@ def block_mask_tensors(bm: BlockMask) -> Tuple[torch.Tensor, torch.Tensor]:
                 "attnx.torch was imported and never used by it, so it has no tensors to be read "
                 "in a graph. Build it after `import attnx.torch`, or call "
                 "attnx.torch.scaled_dot_product_attention with it once outside torch.compile")
+        cached = attach_tensors(bm)
+    return cached
+
+
+def attach_tensors(bm: BlockMask) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Makes and keeps an attnx.BlockMask's tensors (``_torch``): the hook
+    attnx.torch registers for every BlockMask built (_blockmask.ON_BUILD). It
+    never raises: a BlockMask built while another thread compiles, or inside
+    an exported forward, is a NumPy object like any other."""
+    cached = getattr(bm, "_torch", None)
+    if cached is None:
         cached = (_readonly_tensor(bm.mask), _readonly_tensor(bm.blocks))
-        # the operator's kernel finds the BlockMask itself through its mask tensor
-        cached[0]._attnx_block_mask = weakref.ref(bm)
         bm._torch = cached    # type: ignore[attr-defined]
     return cached
 
@@ -386,13 +390,40 @@ def from_flex(block_mask: Any) -> Optional[BlockMask]:
     """A FlexAttention BlockMask as an attnx.BlockMask (its mask evaluated once,
     then classified), made once and kept on it (``_attnx_mask``, a 1-tuple);
     None for a mask that allows every key."""
-    cached = getattr(block_mask, "_attnx_mask", None)
+    cached = flex_cached(block_mask)
     if cached is None:
+        if not _plain_flex(block_mask):
+            raise TypeError("attn_mask: a FlexAttention BlockMask whose tensors are a tracer's "
+                            "(fake or functional tensors) cannot be evaluated outside the trace")
         dense = flex_dense(block_mask)
         cached = (None if dense is None else BlockMask(dense.detach().cpu().numpy()),)
-        block_mask._attnx_mask = cached
+        block_mask._attnx_mask = (_flex_key(block_mask), cached)
     bm: Optional[BlockMask] = cached[0]
     return bm
+
+
+def _flex_key(block_mask: Any) -> Tuple[Any, ...]:
+    """What a FlexAttention BlockMask's mask is made of: its mask_mod, lengths,
+    block size, and each of its tensors by identity and version (FlexAttention's
+    decoding loops change them in place)."""
+    return tuple((id(x), x._version) if isinstance(x, torch.Tensor) else x
+                 for x in block_mask.as_tuple())
+
+
+def flex_cached(block_mask: Any) -> Optional[Tuple[Optional[BlockMask]]]:
+    """The attnx.BlockMask kept on a FlexAttention BlockMask (a 1-tuple), or None
+    when there is none or the mask changed since it was made."""
+    kept = getattr(block_mask, "_attnx_mask", None)
+    if kept is None or not _plain_flex(block_mask) or kept[0] != _flex_key(block_mask):
+        return None
+    cached: Tuple[Optional[BlockMask]] = kept[1]
+    return cached
+
+
+def _plain_flex(block_mask: Any) -> bool:
+    """Whether a FlexAttention BlockMask's tensors are plain tensors (not a tracer's)."""
+    return all(type(x) is torch.Tensor for x in block_mask.as_tuple()
+               if isinstance(x, torch.Tensor))
 
 
 def check_flex_lengths(block_mask: Any, query: torch.Tensor, key: torch.Tensor,
@@ -419,7 +450,9 @@ def mask_tensors(attn_mask: Any, query: torch.Tensor, key: torch.Tensor,
     if isinstance(attn_mask, BlockMask):
         return block_mask_tensors(attn_mask)
     check_flex_lengths(attn_mask, query, key, layout)
-    if torch.compiler.is_compiling() and getattr(attn_mask, "_attnx_mask", None) is None:
-        return flex_dense(attn_mask), None
+    traced = (torch.compiler.is_compiling() or type(query) is not torch.Tensor
+              or type(key) is not torch.Tensor)
+    if flex_cached(attn_mask) is None and (traced or not _plain_flex(attn_mask)):
+        return flex_dense(attn_mask), None     # evaluated in the trace, not kept
     bm = from_flex(attn_mask)
     return (None, None) if bm is None else block_mask_tensors(bm)

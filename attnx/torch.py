@@ -47,7 +47,7 @@ from . import _blockmask
 from ._torch_call import call_operator as _call_operator
 
 # every attnx.BlockMask built from now on gets its tensors at once (torch.compile reads them)
-_blockmask.ON_BUILD.append(_ops.block_mask_tensors)
+_blockmask.ON_BUILD.append(_ops.attach_tensors)
 
 #: the NumPy forward and backward that every call here (and the operators) runs
 _sdpa = _functional.scaled_dot_product_attention
@@ -447,15 +447,18 @@ def scaled_dot_product_attention(
                                            for t in tensors)
     _check_tensors(tensors, ("query", "key", "value", "attn_mask", "sinks"), not compiling)
     need_weights = check_flag(need_weights, "need_weights")
+    # an exported program keeps the lse whatever the grad mode of the export:
+    # it may be trained later (the graph holds need_lse as a constant)
+    need_lse = grad or torch.compiler.is_exporting()
     if compiling:
         # torch.compile, torch.export: the operators, whose fake implementations
         # give the shapes (functorch transforms are torch.compile's to handle)
-        return _call_operator(query, key, value, attn_mask, sinks, opts, need_weights, grad)
+        return _call_operator(query, key, value, attn_mask, sinks, opts, need_weights, need_lse)
     if not (type(query) in _PLAIN and type(key) in _PLAIN and type(value) in _PLAIN
             and (type(attn_mask) in _PLAIN or not isinstance(attn_mask, torch.Tensor))
             and (sinks is None or type(sinks) in _PLAIN)):
         # a tracer's tensors (fake, functional: make_fx, AOTAutograd...): the operators
-        return _call_operator(query, key, value, attn_mask, sinks, opts, need_weights, grad)
+        return _call_operator(query, key, value, attn_mask, sinks, opts, need_weights, need_lse)
     if isinstance(attn_mask, BlockMask):
         _ops.block_mask_tensors(attn_mask)     # for torch.compile later (made once: at its build
                                                # unless that was before `import attnx.torch`)

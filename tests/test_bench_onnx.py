@@ -40,15 +40,17 @@ def test_forward_row_has_onnxruntime_columns(capsys):
     plain = Case("case", dict(name="tiny", B=1, Hq=2, Hk=2, Lq=32, Lk=32, D=16))
     masked = Case("case", dict(name="tiny masked", B=1, Hq=2, Hk=2, Lq=32, Lk=32, D=16,
                                mask=np.tril(np.ones((32, 32), bool))))
+    torch = pytest.importorskip("torch")
+    torch_threads = torch.get_num_threads()      # the bench sets every contestant's count
     try:
         ctx = Context(args)
         rows = [r for c in (plain, masked) for r in runner.measure(ctx, Printer(True), c)]
     finally:
         attnx.set_num_threads(0)
+        torch.set_num_threads(torch_threads)
     capsys.readouterr()
     row, masked_row = rows
-    assert row["onnxruntime_s"] > 0
-    assert row["vs_onnxruntime"] == row["onnxruntime_s"] / row["attnx_s"]
+    assert row["onnxruntime_s"] > 0 and row["onnxruntime_gflops"] > 0
     assert "onnxruntime_s" not in masked_row          # no mask input in its graph
     table = markdown.speed(rows, {})
     assert "ONNX Runtime" in table.splitlines()[0]

@@ -624,3 +624,50 @@ def test_out_and_lse_are_saved_once():
     assert len(packed) == 5                       # q, k, v, out, lse
     assert sum(t is out for t in packed) == 1     # the output returned, not a copy
     assert [tuple(t.shape) for t in packed[3:]] == [(1, 2, 6, 8), (1, 2, 6)]
+
+
+# ---------------------------------------------------------------------- review's regressions
+
+def test_flex_block_mask_changed_in_place_is_evaluated_again():
+    """The mask kept on a FlexAttention BlockMask is that of what it holds now:
+    a new mask_mod, or its tensors changed in place (decoding loops do), give
+    the new mask's result, not the kept one's."""
+    L = 32
+    bm = flex.create_block_mask(lambda b, h, q, k: k <= q, None, None, L, L, device="cpu",
+                                BLOCK_SIZE=16)
+    q = randn(1, 2, L, 8, grad=False)
+    with torch.no_grad():
+        causal = at.scaled_dot_product_attention(q, q, q, attn_mask=bm)
+        bm.mask_mod = lambda b, h, q, k: (k <= q) & (q - k < 4)          # a window now
+        window = at.scaled_dot_product_attention(q, q, q, attn_mask=bm)
+        # (in its partial blocks: the full ones stay full, as in flex_attention)
+        torch.testing.assert_close(window, at.scaled_dot_product_attention(
+            q, q, q, attn_mask=ops.flex_dense(bm)), rtol=0, atol=0)
+        assert not torch.equal(window, causal)
+        bm.kv_num_blocks.zero_()                 # in place: no block listed, every key out
+        bm.full_kv_num_blocks.zero_() if bm.full_kv_num_blocks is not None else None
+        empty = at.scaled_dot_product_attention(q, q, q, attn_mask=bm)
+        assert not torch.equal(empty, window)
+
+
+def test_export_under_no_grad_can_be_trained():
+    """A program exported without a gradient keeps the lse its backward needs."""
+    m = _Block()
+    x = randn(2, 10, 16, grad=False)
+    with torch.no_grad():
+        ep = torch.export.export(m, (x,))
+    y = ep.module()(x)
+    y.sum().backward()
+    assert any(p.grad is not None for p in ep.module().parameters())
+
+
+class _BuildsMask(torch.nn.Module):
+    def forward(self, x):
+        bm = attnx.BlockMask.prefix_lm(x.shape[2], 4)       # NumPy, built while exporting
+        return at.scaled_dot_product_attention(x, x, x, attn_mask=torch.from_numpy(bm.mask))
+
+
+def test_block_mask_built_while_exporting():
+    x = randn(1, 2, 16, 8, grad=False)
+    ep = torch.export.export(_BuildsMask(), (x,))
+    torch.testing.assert_close(ep.module()(x), _BuildsMask()(x), rtol=0, atol=0)

