@@ -452,7 +452,8 @@ def mask_tensors(attn_mask: Any, query: torch.Tensor, key: torch.Tensor,
     check_flex_lengths(attn_mask, query, key, layout)
     traced = (torch.compiler.is_compiling() or type(query) is not torch.Tensor
               or type(key) is not torch.Tensor)
-    if flex_cached(attn_mask) is None and (traced or not _plain_flex(attn_mask)):
+    kept = flex_cached(attn_mask)
+    if kept is None and (traced or not _plain_flex(attn_mask)):
         return flex_dense(attn_mask), None     # evaluated in the trace, not kept
-    bm = from_flex(attn_mask)
+    bm = kept[0] if kept is not None else from_flex(attn_mask)
     return (None, None) if bm is None else block_mask_tensors(bm)
